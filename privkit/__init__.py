@@ -1,0 +1,62 @@
+"""privkit: differential privacy for federated learning.
+
+The public API: accountants that price privacy events as (epsilon, delta)
+upper bounds, calibration that never overshoots, privacy events that speak
+dp-accounting's ``DpEvent`` algebra, and a per-client budget ledger.
+
+Example:
+    >>> import privkit
+    >>> ev = privkit.gaussian_steps_event(noise_multiplier=1.0, steps=100)
+    >>> round(privkit.epsilon(ev, delta=1e-5).epsilon, 4)
+    91.8173
+"""
+
+from privkit.accountants import (
+    Accountant,
+    EpsilonReport,
+    Method,
+    NeighboringRelation,
+    delta,
+    epsilon,
+    epsilon_batch,
+)
+from privkit.accountants.calibration import (
+    CalibrationResult,
+    StepsResult,
+    calibrate_noise,
+    calibrate_noise_multiplier,
+    calibrate_steps,
+)
+from privkit.errors import (
+    BudgetExceededError,
+    InvalidParameterError,
+    NumericalError,
+    PrivkitError,
+    UnsupportedEventError,
+)
+from privkit.events import PureDpEvent, gaussian_steps_event, pure_steps_event
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accountant",
+    "BudgetExceededError",
+    "CalibrationResult",
+    "EpsilonReport",
+    "InvalidParameterError",
+    "Method",
+    "NeighboringRelation",
+    "NumericalError",
+    "PrivkitError",
+    "PureDpEvent",
+    "StepsResult",
+    "UnsupportedEventError",
+    "calibrate_noise",
+    "calibrate_noise_multiplier",
+    "calibrate_steps",
+    "delta",
+    "epsilon",
+    "epsilon_batch",
+    "gaussian_steps_event",
+    "pure_steps_event",
+]

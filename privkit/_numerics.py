@@ -1,0 +1,33 @@
+"""Log-space numerical kernels used by the accountants (float64 throughout).
+
+Every function is vectorised (numpy broadcasting) and tested against mpmath
+at extreme arguments in ``tests/privkit/test_numerics.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special
+
+__all__ = ["log_ndtr", "log_sub_exp", "logsumexp", "log1mexp"]
+
+log_ndtr = special.log_ndtr
+logsumexp = special.logsumexp
+
+
+def log1mexp(x: np.ndarray | float) -> np.ndarray | float:
+    """log(1 - exp(x)) for x <= 0, accurate near 0 and for very negative x."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        out = np.where(x > -0.6931471805599453, np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
+    return out[()] if out.ndim == 0 else out
+
+
+def log_sub_exp(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray | float:
+    """log(exp(a) - exp(b)) for a >= b; -inf where a == b (including both -inf)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(np.isneginf(b), -np.inf, b - a)
+    out = np.where(np.isneginf(a), -np.inf, a + log1mexp(diff))
+    return out[()] if out.ndim == 0 else out

@@ -1,0 +1,26 @@
+"""Accountants: price privacy events as (epsilon, delta) upper bounds.
+
+Start with :func:`epsilon` / :func:`delta` (any event, any composition) or the
+stateful :class:`Accountant`; calibrate noise with
+:mod:`privkit.accountants.calibration`.
+"""
+
+from privkit.accountants.accountant import (
+    Accountant,
+    EpsilonReport,
+    Method,
+    delta,
+    epsilon,
+    epsilon_batch,
+)
+from privkit.accountants.rules import NeighboringRelation
+
+__all__ = [
+    "Accountant",
+    "EpsilonReport",
+    "Method",
+    "NeighboringRelation",
+    "delta",
+    "epsilon",
+    "epsilon_batch",
+]

@@ -1,0 +1,286 @@
+"""How each event type is priced: one generic function per accounting rule.
+
+An event is first *flattened* into a :class:`Composition`: a multiset of atomic
+events (anything that is not a composition) with integer counts, so composing
+the same event 10^6 times costs one entry, not 10^6. Each accountant then asks
+the rules below about every atom. The rules are :func:`functools.singledispatch`
+functions: a later module adds a new event type by registering its rules, e.g.::
+
+    @rules.rdp_curve.register
+    def _(event: MyEvent, orders, relation):
+        return ...
+
+and touches nothing else. An atom that a rule does not know raises
+:class:`~privkit.errors.UnsupportedEventError` for that method only; ``AUTO``
+then uses the methods that do support it.
+
+Rules:
+
+* :func:`check_atom` - validate the atom's parameters (raise, naming the field).
+* :func:`is_non_private` - True when the atom releases data without noise.
+* :func:`gaussian_rho` - for a non-subsampled Gaussian: its zCDP rho = 1/(2 z^2)
+  (exact GDP composition applies); None otherwise.
+* :func:`pure_epsilon` - epsilon if the atom is pure epsilon-DP; None otherwise.
+* :func:`rdp_curve` - Renyi-DP at the given orders.
+* :func:`pld_of` - a pessimistic dp-accounting PrivacyLossDistribution of one use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting import privacy_accountant as pa
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+from privkit import _validate
+from privkit.errors import InvalidParameterError, UnsupportedEventError
+from privkit.events import PureDpEvent
+
+NeighboringRelation = pa.NeighboringRelation
+
+__all__ = [
+    "Composition",
+    "flatten",
+    "check_atom",
+    "is_non_private",
+    "gaussian_rho",
+    "pure_epsilon",
+    "rdp_curve",
+    "pld_of",
+    "NeighboringRelation",
+]
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A flattened event: atoms with multiplicities, in a canonical order.
+
+    Attributes:
+        atoms: ((atom, count), ...), sorted by ``repr(atom)``; counts are >= 1.
+        non_private: True if any part releases data without noise (epsilon = inf).
+    """
+
+    atoms: tuple[tuple[dp_event.DpEvent, int], ...]
+    non_private: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.atoms and not self.non_private
+
+    def __add__(self, other: Composition) -> Composition:
+        c: Counter[dp_event.DpEvent] = Counter(dict(self.atoms))
+        c.update(dict(other.atoms))
+        return _from_counter(c, self.non_private or other.non_private)
+
+
+def _from_counter(c: Counter[Any], non_private: bool) -> Composition:
+    atoms = tuple(sorted(((a, n) for a, n in c.items() if n > 0), key=lambda t: repr(t[0])))
+    return Composition(atoms, non_private)
+
+
+def flatten(event: dp_event.DpEvent, count: int = 1) -> Composition:
+    """Flatten nested Composed/SelfComposed events into atoms with counts."""
+    count = _validate.positive_int("count", count)
+    c: Counter[dp_event.DpEvent] = Counter()
+    non_private = _walk(event, count, c)
+    return _from_counter(c, non_private)
+
+
+def _walk(event: Any, count: int, c: Counter[Any]) -> bool:
+    if not isinstance(event, dp_event.DpEvent):
+        raise InvalidParameterError("event", event, "a DpEvent")
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return False
+    if isinstance(event, dp_event.NonPrivateDpEvent):
+        return True
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        n = _validate.nonnegative_int("SelfComposedDpEvent.count", event.count)
+        return False if n == 0 else _walk(event.event, count * n, c)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        flags = [_walk(e, count, c) for e in event.events]
+        return any(flags)
+    if isinstance(event, dp_event.UnsupportedDpEvent):
+        raise UnsupportedEventError("UnsupportedDpEvent cannot be priced by any accountant")
+    check_atom(event)
+    if is_non_private(event):
+        return True
+    c[event] += count
+    return False
+
+
+# ---------------------------------------------------------------- check_atom
+@functools.singledispatch
+def check_atom(event: dp_event.DpEvent) -> None:
+    """Validate an atom's parameters; unknown types are left to the methods."""
+
+
+@check_atom.register
+def _(event: dp_event.GaussianDpEvent) -> None:
+    _validate.nonnegative("GaussianDpEvent.noise_multiplier", event.noise_multiplier)
+
+
+@check_atom.register
+def _(event: dp_event.LaplaceDpEvent) -> None:
+    _validate.nonnegative("LaplaceDpEvent.noise_multiplier", event.noise_multiplier)
+
+
+@check_atom.register
+def _(event: dp_event.PoissonSampledDpEvent) -> None:
+    _validate.probability("PoissonSampledDpEvent.sampling_probability", event.sampling_probability)
+    inner = event.event
+    if isinstance(inner, (dp_event.ComposedDpEvent, dp_event.SelfComposedDpEvent)):
+        raise UnsupportedEventError("PoissonSampledDpEvent of a composition is not supported")
+    check_atom(inner)
+
+
+# ------------------------------------------------------------ is_non_private
+@functools.singledispatch
+def is_non_private(event: dp_event.DpEvent) -> bool:
+    """True if the atom releases its input without noise."""
+    return False
+
+
+@is_non_private.register
+def _(event: dp_event.GaussianDpEvent) -> bool:
+    return event.noise_multiplier == 0
+
+
+@is_non_private.register
+def _(event: dp_event.LaplaceDpEvent) -> bool:
+    return event.noise_multiplier == 0
+
+
+@is_non_private.register
+def _(event: dp_event.PoissonSampledDpEvent) -> bool:
+    return is_non_private(event.event)
+
+
+# ------------------------------------------------------------- gaussian_rho
+@functools.singledispatch
+def gaussian_rho(event: dp_event.DpEvent) -> float | None:
+    """zCDP rho of one use if the atom is a non-subsampled Gaussian, else None."""
+    return None
+
+
+@gaussian_rho.register
+def _(event: dp_event.GaussianDpEvent) -> float | None:
+    return 1.0 / (2.0 * float(event.noise_multiplier) ** 2)
+
+
+@gaussian_rho.register
+def _(event: dp_event.PoissonSampledDpEvent) -> float | None:
+    # q = 1 is no subsampling at all (guards against the small-q GDP formula bug).
+    return gaussian_rho(event.event) if event.sampling_probability == 1 else None
+
+
+# ------------------------------------------------------------- pure_epsilon
+@functools.singledispatch
+def pure_epsilon(event: dp_event.DpEvent) -> float | None:
+    """epsilon if the atom is pure epsilon-DP, else None."""
+    return None
+
+
+@pure_epsilon.register
+def _(event: PureDpEvent) -> float | None:
+    return float(event.epsilon)
+
+
+@pure_epsilon.register
+def _(event: dp_event.LaplaceDpEvent) -> float | None:
+    # Laplace with scale b = noise_multiplier * L1 sensitivity is (1/noise_multiplier)-DP.
+    return 1.0 / float(event.noise_multiplier)
+
+
+# ---------------------------------------------------------------- rdp_curve
+@functools.singledispatch
+def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    """RDP of one use at ``orders``; default: dp-accounting's RdpAccountant."""
+    acc = rdp_lib.RdpAccountant(list(orders), relation)
+    if not acc.supports(event):
+        raise UnsupportedEventError(f"no RDP rule for {type(event).__name__}")
+    acc.compose(event)
+    return np.asarray(acc.rdp, dtype=np.float64)
+
+
+@rdp_curve.register
+def _(event: dp_event.GaussianDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    return np.asarray(orders, dtype=np.float64) / (2.0 * float(event.noise_multiplier) ** 2)
+
+
+@rdp_curve.register
+def _(event: PureDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    # RDP of randomized response RR(eps), which dominates every eps-DP mechanism:
+    # D_a = log(p^a q^(1-a) + q^a p^(1-a)) / (a - 1), p = e^eps/(1+e^eps).
+    a = np.asarray(orders, dtype=np.float64)
+    eps = float(event.epsilon)
+    log_p = -np.logaddexp(0.0, -eps)
+    log_q = -np.logaddexp(0.0, eps)
+    val = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
+    return np.minimum(val, eps)
+
+
+# ------------------------------------------------------------------- pld_of
+@functools.singledispatch
+def pld_of(event: dp_event.DpEvent, vdi: float, relation: Any) -> Any:
+    """Pessimistic PLD of one use, discretised at ``vdi``."""
+    raise UnsupportedEventError(f"no PLD rule for {type(event).__name__}")
+
+
+@pld_of.register
+def _(event: dp_event.GaussianDpEvent, vdi: float, relation: Any) -> Any:
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=float(event.noise_multiplier),
+        value_discretization_interval=vdi,
+        neighboring_relation=relation,
+        pessimistic_estimate=True,
+    )
+
+
+@pld_of.register
+def _(event: dp_event.LaplaceDpEvent, vdi: float, relation: Any) -> Any:
+    _require_add_remove(relation, "LaplaceDpEvent")
+    return pld_lib.from_laplace_mechanism(
+        parameter=float(event.noise_multiplier), value_discretization_interval=vdi,
+        pessimistic_estimate=True,
+    )
+
+
+@pld_of.register
+def _(event: PureDpEvent, vdi: float, relation: Any) -> Any:
+    params = pld_lib.common.DifferentialPrivacyParameters(float(event.epsilon), 0.0)
+    return pld_lib.from_privacy_parameters(params, value_discretization_interval=vdi)
+
+
+@pld_of.register
+def _(event: dp_event.PoissonSampledDpEvent, vdi: float, relation: Any) -> Any:
+    inner, q = event.event, float(event.sampling_probability)
+    if isinstance(inner, dp_event.GaussianDpEvent):
+        return pld_lib.from_gaussian_mechanism(
+            standard_deviation=float(inner.noise_multiplier), value_discretization_interval=vdi,
+            sampling_prob=q, neighboring_relation=relation, pessimistic_estimate=True,
+        )
+    if isinstance(inner, dp_event.LaplaceDpEvent):
+        _require_add_remove(relation, "PoissonSampledDpEvent(LaplaceDpEvent)")
+        return pld_lib.from_laplace_mechanism(
+            parameter=float(inner.noise_multiplier), value_discretization_interval=vdi,
+            sampling_prob=q, pessimistic_estimate=True,
+        )
+    raise UnsupportedEventError(f"no PLD rule for Poisson-sampled {type(inner).__name__}")
+
+
+def _require_add_remove(relation: Any, what: str) -> None:
+    if relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
+        raise UnsupportedEventError(f"PLD of {what} is implemented for ADD_OR_REMOVE_ONE only")
+
+
+def atoms_of(compositions: Iterable[Composition]) -> set[dp_event.DpEvent]:
+    """Every distinct atom in ``compositions``."""
+    return {a for comp in compositions for a, _ in comp.atoms}

@@ -1,0 +1,87 @@
+"""The privkit CLI: JSON output, readable text, one-line errors with exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from privkit.cli import main
+
+
+def run(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_epsilon_gaussian_json(capsys):
+    code, out, _ = run(["epsilon", "gaussian", "--noise-multiplier", "1", "--steps", "100",
+                        "--delta", "1e-5", "--json"], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    assert obj["epsilon"] == pytest.approx(91.8173, abs=1e-4)
+    assert obj["delta"] == 1e-5 and obj["method"] == "exact"
+
+
+def test_epsilon_gaussian_methods_and_sampling(capsys):
+    code, out, _ = run(["epsilon", "gaussian", "--noise-multiplier", "1.1", "--steps", "1e3",
+                        "--sampling-probability", "0.01", "--delta", "1e-5", "--method", "rdp",
+                        "--json"], capsys)
+    assert code == 0 and json.loads(out)["epsilon"] == pytest.approx(1.7118, abs=2e-4)
+
+
+def test_epsilon_pure_json(capsys):
+    code, out, _ = run(["epsilon", "pure", "--epsilon", "1", "--steps", "100", "--delta", "1e-5",
+                        "--json"], capsys)
+    assert code == 0 and json.loads(out)["epsilon"] == pytest.approx(79.84132, rel=1e-6)
+
+
+def test_calibrate_json(capsys):
+    code, out, _ = run(["calibrate", "gaussian", "--target-epsilon", "1", "--delta", "1e-5",
+                        "--steps", "100", "--json"], capsys)
+    obj = json.loads(out)
+    assert code == 0 and obj["epsilon"] <= 1.0 and obj["noise_multiplier"] > 0
+
+
+def test_text_output_mentions_assumptions(capsys):
+    code, out, _ = run(["epsilon", "gaussian", "--noise-multiplier", "1.1", "--steps", "100",
+                        "--sampling-probability", "0.01", "--delta", "1e-5"], capsys)
+    assert code == 0 and "eps <=" in out and "Poisson" in out
+
+
+@pytest.mark.parametrize("args,name", [
+    (["epsilon", "gaussian", "--noise-multiplier", "nan", "--steps", "10", "--delta", "1e-5"],
+     "noise_multiplier"),
+    (["epsilon", "gaussian", "--noise-multiplier", "-1", "--steps", "10", "--delta", "1e-5"],
+     "noise_multiplier"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--steps", "2.5", "--delta", "1e-5"],
+     "steps"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--steps", "10", "--delta", "1"],
+     "delta"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5",
+      "--sampling-probability", "0"], "sampling_probability"),
+    (["epsilon", "pure", "--epsilon", "inf", "--steps", "10", "--delta", "1e-5"], "epsilon"),
+    (["calibrate", "gaussian", "--target-epsilon", "0", "--delta", "1e-5", "--steps", "10"],
+     "target_epsilon"),
+    (["epsilon", "gaussian", "--noise-multiplier", "abc", "--steps", "10", "--delta", "1e-5"],
+     "noise-multiplier"),
+    (["epsilon", "gaussian", "--steps", "10", "--delta", "1e-5"], "noise-multiplier"),
+])
+def test_bad_input_one_line_exit_2(args, name, capsys):
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse-level errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert name in err
+
+
+def test_demo_and_console_script():
+    proc = subprocess.run([sys.executable, "-m", "privkit.cli", "demo"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "epsilon" in proc.stdout and "exact" in proc.stdout and "pld" in proc.stdout

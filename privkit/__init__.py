@@ -34,13 +34,29 @@ from privkit.errors import (
     PrivkitError,
     UnsupportedEventError,
 )
-from privkit.events import PureDpEvent, gaussian_steps_event, pure_steps_event
+from privkit.events import (
+    ComposedDpEvent,
+    DpEvent,
+    GaussianDpEvent,
+    LaplaceDpEvent,
+    PoissonSampledDpEvent,
+    PureDpEvent,
+    SelfComposedDpEvent,
+    gaussian_steps_event,
+    pure_steps_event,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Accountant",
     "BudgetExceededError",
+    "ComposedDpEvent",
+    "DpEvent",
+    "GaussianDpEvent",
+    "LaplaceDpEvent",
+    "PoissonSampledDpEvent",
+    "SelfComposedDpEvent",
     "CalibrationResult",
     "EpsilonReport",
     "InvalidParameterError",

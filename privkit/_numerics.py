@@ -6,10 +6,12 @@ at extreme arguments in ``tests/privkit/test_numerics.py``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy import special
 
-__all__ = ["log_ndtr", "log_sub_exp", "logsumexp", "log1mexp"]
+__all__ = ["log_ndtr", "log_sub_exp", "logsumexp", "log1mexp", "log1mexp_scalar"]
 
 log_ndtr = special.log_ndtr
 logsumexp = special.logsumexp
@@ -21,6 +23,13 @@ def log1mexp(x: np.ndarray | float) -> np.ndarray | float:
     with np.errstate(divide="ignore"):
         out = np.where(x > -0.6931471805599453, np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
     return out[()] if out.ndim == 0 else out
+
+
+def log1mexp_scalar(x: float) -> float:
+    """:func:`log1mexp` for one Python float (no numpy overhead); -inf at x = 0."""
+    if x == 0.0:
+        return -math.inf
+    return math.log(-math.expm1(x)) if x > -0.6931471805599453 else math.log1p(-math.exp(x))
 
 
 def log_sub_exp(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray | float:

@@ -94,8 +94,10 @@ def _integer(name: str, value: Any, requirement: str) -> int:
         raise InvalidParameterError(name, value, requirement)
     if isinstance(value, numbers.Integral):
         return int(value)
-    if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
-        return int(value)
+    if isinstance(value, numbers.Real):
+        x = float(value)
+        if math.isfinite(x) and x.is_integer():
+            return int(x)
     raise InvalidParameterError(name, value, requirement)
 
 

@@ -120,9 +120,9 @@ def demo_rows() -> list[tuple[str, str, float, str, float]]:
          ["auto", "rdp", "moments"]),
         ("Upcycled-FL Thm C.1: z=17.92, M=40", gaussian_steps_event(17.92, 40), 1e-3,
          ["auto", "moments"]),
-        ("pure eps0=1, k=100", pure_steps_event(1.0, 100), 1e-5,
+        ("pure eps0=1, k=100", pure_steps_event(1.0, 100), 1e-5, ["auto", "basic"]),
+        ("pure eps0=0.1, k=1000", pure_steps_event(0.1, 1000), 1e-5,
          ["auto", "advanced", "basic"]),
-        ("pure eps0=0.1, k=1000", pure_steps_event(0.1, 1000), 1e-5, ["auto", "basic"]),
     ]
     for name, ev, d, methods in cases:
         for m in methods:
@@ -153,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
-        {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo}[args.command](args)
+        commands = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo}
+        commands[args.command](args)
     except PrivkitError as exc:
         print(f"privkit: error: {exc}", file=sys.stderr)
         return 2

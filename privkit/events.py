@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import importlib
 import math
 from collections.abc import Mapping
@@ -92,16 +93,16 @@ def register_event_module(module_name: str) -> None:
     _EVENT_MODULES.add(module_name)
 
 
-def _encode(value: Any) -> Any:
+def _encode(value: Any, name: str) -> Any:
     if isinstance(value, DpEvent):
         return event_to_dict(value)
     if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    if hasattr(value, "value") and hasattr(value, "name") and not isinstance(value, (int, float, str)):
+        return [_encode(v, name) for v in value]
+    if isinstance(value, enum.Enum):
         # enums: stored by name, rebuilt by the event's own converter
         return value.name
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidParameterError("event", value, "made of finite numbers to be serialised")
+        raise InvalidParameterError(name, value, "finite to be serialised")
     return value
 
 
@@ -112,15 +113,17 @@ def event_to_dict(event: DpEvent) -> dict[str, Any]:
     cls = type(event)
     out: dict[str, Any] = {"type": f"{cls.__module__}:{cls.__name__}"}
     for f in attr.fields(cls):
-        out[f.name] = _encode(getattr(event, f.name))
+        out[f.name] = _encode(getattr(event, f.name), f"{cls.__name__}.{f.name}")
     return out
 
 
-def _decode(value: Any) -> Any:
+def _decode(value: Any, name: str) -> Any:
     if isinstance(value, Mapping) and "type" in value:
         return event_from_dict(value)
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [_decode(v, name) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidParameterError(name, value, "finite")
     return value
 
 
@@ -134,15 +137,19 @@ def event_from_dict(data: Mapping[str, Any]) -> DpEvent:
         raise InvalidParameterError("event", data, "a dict with a 'type' entry")
     module_name, _, class_name = data["type"].partition(":")
     if module_name not in _EVENT_MODULES:
-        raise InvalidParameterError("event.type", data["type"], "an event class of a registered module")
+        raise InvalidParameterError(
+            "event.type", data["type"], "an event class of a registered module"
+        )
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, DpEvent) and attr.has(cls)):
         raise InvalidParameterError("event.type", data["type"], "the name of a DpEvent class")
-    kwargs = {k: _decode(v) for k, v in data.items() if k != "type"}
+    kwargs = {k: _decode(v, f"{class_name}.{k}") for k, v in data.items() if k != "type"}
     try:
         return cls(**kwargs)
     except TypeError as exc:
-        raise InvalidParameterError("event", dict(data), f"valid fields for {class_name} ({exc})") from None
+        raise InvalidParameterError(
+            "event", dict(data), f"valid fields for {class_name} ({exc})"
+        ) from None
 
 
 def gaussian_steps_event(
@@ -157,8 +164,9 @@ def gaussian_steps_event(
             every record is used in every step (no amplification).
 
     Example:
-        >>> gaussian_steps_event(1.1, 1000, 0.01)
-        SelfComposedDpEvent(event=PoissonSampledDpEvent(sampling_probability=0.01, event=GaussianDpEvent(noise_multiplier=1.1)), count=1000)
+        >>> ev = gaussian_steps_event(1.1, 1000, 0.01)
+        >>> ev.count, ev.event.sampling_probability, ev.event.event.noise_multiplier
+        (1000, 0.01, 1.1)
     """
     z = _validate.positive("noise_multiplier", noise_multiplier)
     t = _validate.positive_int("steps", steps)

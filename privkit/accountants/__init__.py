@@ -12,6 +12,7 @@ from privkit.accountants.accountant import (
     delta,
     epsilon,
     epsilon_batch,
+    epsilon_batch_compositions,
 )
 from privkit.accountants.rules import NeighboringRelation
 
@@ -23,4 +24,5 @@ __all__ = [
     "delta",
     "epsilon",
     "epsilon_batch",
+    "epsilon_batch_compositions",
 ]

@@ -27,12 +27,12 @@ from dp_accounting import dp_event
 
 from privkit import _validate
 from privkit.accountants import gaussian, pure, rdp
+from privkit.accountants import pld as pld_acc
 from privkit.accountants.rules import (
     Composition,
     NeighboringRelation,
     flatten,
     gaussian_rho,
-    pld_of,
     pure_epsilon,
     rdp_curve,
 )
@@ -45,22 +45,12 @@ __all__ = [
     "epsilon",
     "delta",
     "epsilon_batch",
+    "epsilon_batch_compositions",
+    "auto_prefers_pld",
     "Accountant",
-    "PLD_VALUE_DISCRETIZATION",
-    "AUTO_PLD_VALUE_DISCRETIZATION",
-    "PLD_MIN_DELTA",
     "AUTO_PLD_MAX_EPSILON",
 ]
 
-#: Discretisation of ``Method.PLD`` (dp-accounting's usual 1e-4: same numbers).
-PLD_VALUE_DISCRETIZATION = 1e-4
-#: Discretisation ``AUTO`` uses for PLD: 5x coarser, still pessimistic (an upper
-#: bound); measured within 0.05% of the 1e-4 value on the W1 workloads and
-#: several times faster (bench/accounting.py).
-AUTO_PLD_VALUE_DISCRETIZATION = 5e-4
-#: PLD truncates tails of mass ~1e-15 per composition; below this delta its
-#: answer is not trusted and ``Method.PLD`` refuses (``AUTO`` uses RDP).
-PLD_MIN_DELTA = 1e-10
 #: PLD cost grows with epsilon (57 s at eps ~ 2270); ``AUTO`` skips it, labelled,
 #: when the cheap RDP bound is above this.
 AUTO_PLD_MAX_EPSILON = 200.0
@@ -74,7 +64,8 @@ class Method(enum.Enum):
     EXACT = "exact"
     """Non-subsampled Gaussians only: exact analytic Gaussian (GDP composition)."""
     PLD = "pld"
-    """Pessimistic privacy-loss distribution (dp-accounting), discretisation 1e-4."""
+    """Pessimistic privacy-loss distribution (dp-accounting), discretisation 1e-4
+    (``AUTO`` chooses the discretisation per event: see :mod:`privkit.accountants.pld`)."""
     RDP = "rdp"
     """Renyi DP with the Balle et al. 2020 conversion (:data:`rdp.ORDERS`)."""
     MOMENTS = "moments"
@@ -130,7 +121,9 @@ class EpsilonReport:
 # ----------------------------------------------------------------- helpers
 def _relation(value: Any) -> Any:
     if not isinstance(value, NeighboringRelation):
-        raise InvalidParameterError("neighboring_relation", value, "a dp_accounting NeighboringRelation")
+        raise InvalidParameterError(
+            "neighboring_relation", value, "a dp_accounting NeighboringRelation"
+        )
     return value
 
 
@@ -161,15 +154,6 @@ def _rdp_total(comp: Composition, relation: Any) -> np.ndarray:
     return total
 
 
-def _pld(comp: Composition, vdi: float, relation: Any) -> Any:
-    out = None
-    for atom, n in comp.atoms:
-        one = pld_of(atom, vdi, relation)
-        one = one.self_compose(n) if n > 1 else one
-        out = one if out is None else out.compose(one)
-    return out
-
-
 def _assumptions(comp: Composition, relation: Any) -> tuple[str, ...]:
     out = [f"neighbouring relation: {relation.name.lower()}"]
     if any(isinstance(a, dp_event.PoissonSampledDpEvent) for a, _ in comp.atoms):
@@ -177,6 +161,11 @@ def _assumptions(comp: Composition, relation: Any) -> tuple[str, ...]:
     if any(isinstance(a, PureDpEvent) for a, _ in comp.atoms):
         out.append("each PureDpEvent step is epsilon-DP (dominated by randomized response)")
     return tuple(out)
+
+
+def _optimal_label(terms: list[tuple[float, int]]) -> str:
+    method = pure.optimal_method(terms)
+    return "optimal" if method != pure.METHOD_KOV_CLOSED_FORM else method
 
 
 def _check_result(value: float, what: str) -> float:
@@ -205,54 +194,53 @@ def _epsilon_by(comp: Composition, d: float, method: Method, relation: Any) -> t
             return pure.basic_epsilon(terms), "basic"
         if method is Method.ADVANCED:
             return pure.advanced_epsilon(terms, d), "advanced"
-        return pure.optimal_epsilon(terms, d), "optimal"
+        return pure.optimal_epsilon(terms, d), _optimal_label(terms)
     if method is Method.RDP:
         rho = _rho_total(comp)
         if rho is not None:
             return rdp.gaussian_rdp_epsilon(rho, d)[0], "rdp"
         return rdp.epsilon_from_rdp(rdp.ORDERS, _rdp_total(comp, relation), d)[0], "rdp"
     if method is Method.PLD:
-        return _pld_epsilon(comp, d, PLD_VALUE_DISCRETIZATION, relation), "pld"
+        return pld_acc.epsilon(comp, d, pld_acc.VALUE_DISCRETIZATION, relation), "pld"
     raise AssertionError(method)
 
 
-def _pld_epsilon(comp: Composition, d: float, vdi: float, relation: Any) -> float:
-    if d < PLD_MIN_DELTA:
-        raise InvalidParameterError("delta", d, f">= {PLD_MIN_DELTA} for method 'pld'")
-    return float(_pld(comp, vdi, relation).get_epsilon_for_delta(d))
-
-
 def _auto_epsilon(comp: Composition, d: float, relation: Any) -> tuple[float, str]:
+    """Exact for Gaussians; optimal for pure steps; else PLD, with RDP as fallback."""
     if _rho_total(comp) is not None:
         return _epsilon_by(comp, d, Method.EXACT, relation)
     candidates: list[tuple[float, str]] = []
     notes: list[str] = []
     terms = _pure_terms(comp)
     if terms is not None:
-        candidates.append((pure.optimal_epsilon(terms, d), "optimal"))
+        candidates.append((pure.optimal_epsilon(terms, d), _optimal_label(terms)))
         if all(isinstance(a, PureDpEvent) for a, _ in comp.atoms):
             return candidates[0]  # PLD of randomized response is the same bound
-    try:
-        candidates.append(_epsilon_by(comp, d, Method.RDP, relation))
-    except (UnsupportedEventError, NumericalError) as exc:
-        notes.append(f"rdp unavailable: {exc}")
-    cheap = min((c[0] for c in candidates), default=math.inf)
-    if d < PLD_MIN_DELTA:
-        notes.append(f"pld skipped: delta < {PLD_MIN_DELTA}")
-    elif cheap > AUTO_PLD_MAX_EPSILON:
-        notes.append(f"pld skipped: epsilon > {AUTO_PLD_MAX_EPSILON:g}")
+    if d < pld_acc.MIN_DELTA:
+        notes.append(f"pld skipped: delta < {pld_acc.MIN_DELTA:g}")
     else:
         try:
-            e = _pld_epsilon(comp, d, AUTO_PLD_VALUE_DISCRETIZATION, relation)
-            candidates.append((e, "pld"))
+            probe = pld_acc.epsilon(comp, d, pld_acc.PROBE_INTERVAL, relation)
+            if probe > AUTO_PLD_MAX_EPSILON:
+                notes.append(f"pld skipped: epsilon > {AUTO_PLD_MAX_EPSILON:g}")
+            else:
+                e, vdi = pld_acc.auto_epsilon(comp, d, relation)
+                if math.isfinite(e):
+                    candidates.append((e, f"pld (interval {vdi:g})"))
+                else:
+                    notes.append("pld gave inf (tail truncation)")
         except UnsupportedEventError as exc:
             notes.append(f"pld unavailable: {exc}")
+    if not any(name.startswith("pld") for _, name in candidates):
+        # RDP only as the fallback: PLD is tighter wherever it runs.
+        try:
+            e_rdp, _ = _epsilon_by(comp, d, Method.RDP, relation)
+            candidates.append((e_rdp, f"rdp (fallback: {'; '.join(notes)})"))
+        except (UnsupportedEventError, NumericalError) as exc:
+            notes.append(f"rdp unavailable: {exc}")
     if not candidates:
         raise UnsupportedEventError("no accounting method supports this event: " + "; ".join(notes))
-    best = min(candidates, key=lambda c: c[0])
-    if best[1] == "rdp" and notes:
-        return best[0], f"rdp (fallback: {'; '.join(notes)})"
-    return best
+    return min(candidates, key=lambda c: c[0])
 
 
 def _delta_by(comp: Composition, e: float, method: Method, relation: Any) -> tuple[float, str]:
@@ -268,13 +256,13 @@ def _delta_by(comp: Composition, e: float, method: Method, relation: Any) -> tup
             return (0.0 if e >= pure.basic_epsilon(terms) else 1.0), "basic"
         if method is Method.ADVANCED:
             return pure.advanced_delta(terms, e), "advanced"
-        return pure.optimal_delta(terms, e), "optimal"
+        return pure.optimal_delta(terms, e), _optimal_label(terms)
     if method is Method.RDP:
         rho = _rho_total(comp)
         curve = rdp.ORDERS * rho if rho is not None else _rdp_total(comp, relation)
         return rdp.delta_from_rdp(rdp.ORDERS, curve, e)[0], "rdp"
     if method is Method.PLD:
-        return float(_pld(comp, PLD_VALUE_DISCRETIZATION, relation).get_delta_for_epsilon(e)), "pld"
+        return pld_acc.delta(comp, e, pld_acc.VALUE_DISCRETIZATION, relation), "pld"
     raise AssertionError(method)
 
 
@@ -287,17 +275,26 @@ def _auto_delta(comp: Composition, e: float, relation: Any) -> tuple[float, str]
             candidates.append(_delta_by(comp, e, m, relation))
         except (UnsupportedEventError, NumericalError):
             pass
-    if not (candidates and candidates[0][1] == "optimal" and
+    if not (candidates and candidates[0][1].startswith("optimal") and
             all(isinstance(a, PureDpEvent) for a, _ in comp.atoms)):
         if e <= AUTO_PLD_MAX_EPSILON:
             try:
-                pl = _pld(comp, AUTO_PLD_VALUE_DISCRETIZATION, relation)
-                candidates.append((float(pl.get_delta_for_epsilon(e)), "pld"))
+                dd = pld_acc.delta(comp, e, pld_acc.VALUE_DISCRETIZATION, relation)
+                candidates.append((dd, "pld"))
             except UnsupportedEventError:
                 pass
     if not candidates:
         raise UnsupportedEventError("no accounting method supports this event")
     return min(candidates, key=lambda c: c[0])
+
+
+def auto_prefers_pld(comp: Composition, d: float) -> bool:
+    """Whether ``AUTO`` prices ``comp`` with PLD (subsampled or mixed events)."""
+    if comp.non_private or comp.empty or _rho_total(comp) is not None:
+        return False
+    if all(isinstance(a, PureDpEvent) for a, _ in comp.atoms):
+        return False
+    return d >= pld_acc.MIN_DELTA
 
 
 # ------------------------------------------------------------ public API

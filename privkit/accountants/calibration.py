@@ -27,9 +27,10 @@ from typing import Any
 from dp_accounting import dp_event
 
 from privkit import _validate
-from privkit.accountants.accountant import Method, epsilon
-from privkit.accountants.rules import NeighboringRelation
-from privkit.errors import InvalidParameterError, NumericalError
+from privkit.accountants import gaussian, pld
+from privkit.accountants.accountant import Method, auto_prefers_pld, epsilon
+from privkit.accountants.rules import NeighboringRelation, flatten
+from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
 from privkit.events import gaussian_steps_event
 
 __all__ = [
@@ -66,47 +67,64 @@ class StepsResult:
 
 
 def _solve_noise(
-    eps_of: Callable[[float], float], target: float, tol: float, lo: float | None, hi: float | None
+    eps_of: Callable[[float], float], target: float, tol: float, guess: float = 1.0,
+    step: float = 2.0,
 ) -> tuple[float, float]:
     """Smallest x (to relative ``tol``) with eps_of(x) <= target; eps decreasing in x.
 
-    Returns (x, eps_of(x)) with eps_of(x) <= target guaranteed (x is the safe end).
+    Brackets from ``guess`` with geometric steps (``step``, squared after every
+    move, so any scale is reached), then narrows by Illinois regula falsi on
+    (log x, log eps). Returns (x, eps_of(x)) with eps_of(x) <= target: x is the
+    safe end of the final bracket, and it has been evaluated.
     """
-    if hi is None:
-        hi = 1.0
-    e_hi = eps_of(hi)
-    n = 0
-    while e_hi > target:
-        lo, hi = hi, hi * 2
-        e_hi = eps_of(hi)
-        n += 1
-        if n > _MAX_DOUBLINGS:
+    x = guess
+    e = eps_of(x)
+    factor = step
+    if e > target:
+        lo, e_lo = x, e
+        for _ in range(_MAX_DOUBLINGS):
+            x *= factor
+            factor *= factor if factor < 1e8 else 1.0
+            e = eps_of(x)
+            if e <= target:
+                break
+            lo, e_lo = x, e
+        else:
             raise NumericalError("no noise level reaches the target epsilon")
-    if lo is None or lo >= hi:
-        lo = hi / 2
-    e_lo = eps_of(lo)
-    n = 0
-    while e_lo <= target:
-        hi, e_hi = lo, e_lo
-        lo = lo / 2
-        e_lo = eps_of(lo)
-        n += 1
-        if n > _MAX_DOUBLINGS:
+        hi, e_hi = x, e
+    else:
+        hi, e_hi = x, e
+        for _ in range(_MAX_DOUBLINGS):
+            x /= factor
+            factor *= factor if factor < 1e8 else 1.0
+            e = eps_of(x)
+            if e > target:
+                break
+            hi, e_hi = x, e
+        else:
             return hi, e_hi  # even vanishing noise meets the target
-    # Illinois regula falsi on (log x, log eps - log target); bracket kept valid.
+        lo, e_lo = x, e
+    return _illinois(eps_of, target, tol, lo, e_lo, hi, e_hi)
+
+
+def _illinois(
+    eps_of: Callable[[float], float], target: float, tol: float,
+    lo: float, e_lo: float, hi: float, e_hi: float,
+) -> tuple[float, float]:
     lt = math.log(target)
 
     def g(e: float) -> float:
-        return (math.log(e) if e > 0 else -745.0) - lt if math.isfinite(e) else 745.0
+        if not math.isfinite(e):
+            return 745.0
+        return (math.log(e) if e > 0 else -745.0) - lt
 
     a, b = math.log(lo), math.log(hi)
     ga, gb = g(e_lo), g(e_hi)  # ga > 0 >= gb
     side = 0
     while hi / lo - 1 > tol:
         c = b - gb * (b - a) / (gb - ga) if ga != gb else 0.5 * (a + b)
-        # stay strictly inside, and fall back to bisection when the step stalls
         width = b - a
-        c = min(max(c, a + 0.01 * width), b - 0.01 * width)
+        c = min(max(c, a + 0.02 * width), b - 0.02 * width)  # stay strictly inside
         x = math.exp(c)
         if not lo < x < hi:
             break
@@ -117,6 +135,14 @@ def _solve_noise(
             if side == -1:
                 ga /= 2
             side = -1
+            # The secant usually lands just on the safe side: one probe a
+            # tolerance below often closes the bracket at once.
+            if hi / lo - 1 > tol and target - e < 1e-4 * target:
+                x_low = hi / (1 + tol)
+                e_low = eps_of(x_low)
+                if e_low > target:
+                    return hi, e_hi
+                b, gb, hi, e_hi = math.log(x_low), g(e_low), x_low, e_low
         else:
             a, ga, lo = c, gc, x
             if side == 1:
@@ -144,44 +170,77 @@ def calibrate_noise(
     d = _validate.delta("delta", delta)
     tol = _validate.positive("tol", tol)
     m = Method.parse(method)
-    names: list[str] = []
+    rel = neighboring_relation
+    guess = 1.0 if initial_guess is None else _validate.positive("initial_guess", initial_guess)
 
-    def eps_with(meth: Method) -> Callable[[float], float]:
-        def f(x: float) -> float:
-            r = epsilon(make_event(x), d, meth, neighboring_relation=neighboring_relation)
-            names.append(r.method)
-            return r.epsilon
+    def report(x: float, meth: Method = m) -> Any:
+        return epsilon(make_event(x), d, meth, neighboring_relation=rel)
 
-        return f
-
-    hi = initial_guess
-    lo = None
-    if m is Method.AUTO:
-        probe = epsilon(make_event(1.0), d, Method.AUTO, neighboring_relation=neighboring_relation)
-        if probe.method.startswith("pld"):
-            # Cheap conservative start: RDP's answer is also safe for PLD.
-            hi, _ = _solve_noise(eps_with(Method.RDP), target, 1e-3, None, None)
-            lo = hi * 0.8
-            x, e = _solve_noise(_pld_only(make_event, d, neighboring_relation, names), target, tol,
-                                lo, hi)
-            return x, e, names[-1] if names else "pld"
-    x, e = _solve_noise(eps_with(m), target, tol, lo, hi)
-    final = epsilon(make_event(x), d, m, neighboring_relation=neighboring_relation)
+    if m is Method.AUTO and auto_prefers_pld(flatten(make_event(guess)), d):
+        try:
+            return _calibrate_auto_pld(make_event, target, d, tol, guess, rel)
+        except UnsupportedEventError:
+            pass  # some atom has no PLD rule: AUTO prices it otherwise
+    x, _ = _solve_noise(lambda x: report(x).epsilon, target, tol, guess)
+    final = report(x)
     if final.epsilon > target:  # cannot happen: x was evaluated; guard anyway
         raise NumericalError("calibration failed to verify its answer")
     return x, final.epsilon, final.method
 
 
-def _pld_only(make_event: Callable[[float], Any], d: float, rel: Any,
-              names: list[str]) -> Callable[[float], float]:
-    from privkit.accountants import accountant as acc  # the AUTO discretisation
+def _calibrate_auto_pld(
+    make_event: Callable[[float], Any], target: float, d: float, tol: float, guess: float,
+    rel: Any,
+) -> tuple[float, float, str]:
+    """AUTO calibration when AUTO prices with PLD: coarse search, then fine, then verify.
 
-    def f(x: float) -> float:
-        comp = acc.flatten(make_event(x))
-        names.append(f"pld (interval {acc.AUTO_PLD_VALUE_DISCRETIZATION:g})")
-        return acc._pld_epsilon(comp, d, acc.AUTO_PLD_VALUE_DISCRETIZATION, rel)
+    1. Solve with the cheap probe interval (2e-3) to relative 1e-3.
+    2. Pick AUTO's interval there and solve again with it, from a tight bracket.
+    3. Verify with ``epsilon(..., AUTO)`` itself; step to more noise until it passes.
+    """
+    def at(vdi: float) -> Callable[[float], float]:
+        return lambda x: pld.epsilon(flatten(make_event(x)), d, vdi, rel)
 
-    return f
+    coarse = at(pld.PROBE_INTERVAL)
+    x1, e1 = _solve_noise(coarse, target, 1e-3, guess, step=1.05)
+    vdi = pld.choose_interval(flatten(make_event(x1)), d, rel)
+    e1b = coarse(x1 * 1.01)  # local slope of log eps in log x, a hint for the fine stage
+    slope = (math.log(e1b) - math.log(e1)) / math.log(1.01) if 0 < e1b < e1 else -1.0
+    x2, _ = _secant_down(at(vdi), target, tol, x1, slope)
+    bump = max(tol, 1e-9)
+    for _ in range(_MAX_DOUBLINGS):
+        final = epsilon(make_event(x2), d, Method.AUTO, neighboring_relation=rel)
+        if final.epsilon <= target:
+            return x2, final.epsilon, final.method
+        x2 *= 1 + bump
+        bump *= 2
+    raise NumericalError("calibration failed to verify its answer")
+
+
+def _secant_down(
+    eps_of: Callable[[float], float], target: float, tol: float, x: float, slope: float = -1.0
+) -> tuple[float, float]:
+    """Like :func:`_solve_noise`, from a point ``x`` expected to be (nearly) safe.
+
+    Secant steps on (log x, log eps), aimed slightly past the root so that a
+    bracket forms in one or two evaluations, then Illinois.
+    """
+    e = eps_of(x)
+    if not e <= target or e <= 0:
+        return _solve_noise(eps_of, target, tol, x)
+    hi, e_hi = x, e
+    slope = min(slope, -0.05)  # d log eps / d log x; refined by the secant below
+    for _ in range(8):
+        step = (math.log(target) - math.log(e_hi)) / slope
+        xn = hi * math.exp(step - 10 * tol - 1e-4)
+        en = eps_of(xn)
+        if en > target:
+            return _illinois(eps_of, target, tol, xn, en, hi, e_hi)
+        if en <= 0 or en == e_hi:
+            break
+        slope = min((math.log(en) - math.log(e_hi)) / (math.log(xn) - math.log(hi)), -0.05)
+        hi, e_hi = xn, en
+    return _solve_noise(eps_of, target, tol, hi)
 
 
 def calibrate_noise_multiplier(
@@ -211,18 +270,28 @@ def calibrate_noise_multiplier(
         return _exact_noise_multiplier(target, d, t, tol)
     z, e, name = calibrate_noise(
         lambda x: gaussian_steps_event(x, t, q), target_epsilon=target, delta=d, method=method,
-        tol=tol,
+        tol=tol, initial_guess=_clt_guess(target, d, t, q),
     )
     return CalibrationResult(z, e, d, name, target)
 
 
-def _exact_noise_multiplier(target: float, d: float, t: int, tol: float) -> CalibrationResult:
-    from privkit.accountants import gaussian
+def _clt_guess(target: float, d: float, t: int, q: float) -> float:
+    """A starting point only (never an answer): the CLT / GDP approximation.
 
+    mu = q sqrt(T (e^{1/z^2} - 1)) (Dong, Roth & Su 2022) is *not* a valid
+    bound (it under-reports), but it lands within a few percent of the PLD
+    answer, which saves most of the bracketing work.
+    """
+    x, _ = _solve_noise(lambda inv_mu: float(gaussian.exact_epsilon(1 / inv_mu, d)), target, 1e-3)
+    mu = 1 / x
+    arg = math.log1p(mu * mu / (q * q * t))
+    return 1 / math.sqrt(arg) if arg > 0 and math.isfinite(arg) else 1.0
+
+
+def _exact_noise_multiplier(target: float, d: float, t: int, tol: float) -> CalibrationResult:
     # eps is a function of gdp_mu = sqrt(t)/z only: solve for mu once, verify.
     z, e = _solve_noise(
-        lambda zz: float(gaussian.exact_epsilon(math.sqrt(t) / zz, d)), target, tol, None,
-        math.sqrt(t),
+        lambda zz: float(gaussian.exact_epsilon(math.sqrt(t) / zz, d)), target, tol, math.sqrt(t)
     )
     return CalibrationResult(z, e, d, "exact", target)
 

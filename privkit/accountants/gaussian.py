@@ -26,9 +26,10 @@ import math
 from typing import Any
 
 import numpy as np
+from scipy import special
 
 from privkit import _validate
-from privkit._numerics import log1mexp, log_ndtr
+from privkit._numerics import log1mexp, log1mexp_scalar, log_ndtr
 from privkit.errors import InvalidParameterError, NumericalError
 
 __all__ = [
@@ -89,9 +90,11 @@ def exact_delta(gdp_mu: Any, epsilon: Any) -> np.ndarray | float:
 def exact_epsilon(gdp_mu: Any, delta: float) -> np.ndarray | float:
     """Smallest epsilon with delta(epsilon) <= ``delta`` for a mu-GDP mechanism.
 
-    Vectorised bisection on log delta; the returned value is the upper end of
-    the final bracket, so ``exact_delta(gdp_mu, result) <= delta`` always holds
-    (an upper bound, tight to ~1e-15 relative). ``gdp_mu = inf`` gives inf.
+    The returned value is the upper end of a bracket that shrinks to ~1e-14
+    relative, so ``exact_delta(gdp_mu, result) <= delta`` always holds (an
+    upper bound, tight to rounding). Scalars use safeguarded Newton steps on
+    log delta (a few microseconds); arrays use vectorised bisection.
+    ``gdp_mu = inf`` gives inf; epsilon 0 is returned only when delta(0) <= delta.
 
     Args:
         gdp_mu: sqrt(sum_m (sensitivity_m / stddev_m)^2) = sqrt(M)/z for M equal steps.
@@ -99,32 +102,75 @@ def exact_epsilon(gdp_mu: Any, delta: float) -> np.ndarray | float:
     """
     d = _validate.delta("delta", delta)
     mu = _mu_array(gdp_mu)
+    if mu.ndim == 0:
+        m = float(mu)
+        if m == 0:
+            return 0.0
+        return math.inf if math.isinf(m) else _exact_epsilon_scalar(m, d)
     out = np.full(mu.shape, np.inf)
     out[mu == 0] = 0.0
     fin = (mu > 0) & np.isfinite(mu)
     if fin.any():
-        m = mu[fin]
-        lo = np.zeros_like(m)
-        # The zCDP bound rho + 2 sqrt(rho log(1/delta)), rho = mu^2/2, is always
-        # >= the exact epsilon: a valid upper bracket. Nudge it to be safe.
-        rho = m * m / 2
-        hi = (rho + 2 * np.sqrt(rho * math.log(1 / d))) * (1 + 1e-9) + 1e-12
-        while True:
-            bad = np.exp(exact_log_delta(m, hi)) > d
-            if not bad.any():
-                break
-            hi = np.where(bad, 2 * hi, hi)
-        # Compared in linear space, exactly as exact_delta reports it.
-        done0 = np.exp(exact_log_delta(m, lo)) <= d  # epsilon 0 already suffices
-        for _ in range(_BISECTION_STEPS):
-            mid = 0.5 * (lo + hi)
-            if not ((mid > lo) & (mid < hi)).any():
-                break
-            good = np.exp(exact_log_delta(m, mid)) <= d
-            hi = np.where(good, mid, hi)
-            lo = np.where(good, lo, mid)
-        out[fin] = np.where(done0, 0.0, hi)
-    return float(out) if out.ndim == 0 else out
+        out[fin] = _exact_epsilon_bisect(mu[fin], d)
+    return out
+
+
+def _tail_upper(mu: Any, d: float) -> Any:
+    # delta(eps) <= Phi(-eps/mu + mu/2), so eps = mu (mu/2 - Phi^-1(d)) is an
+    # upper bound; the caller still verifies it (and doubles it if needed).
+    return np.maximum(mu * (mu / 2 - float(special.ndtri(d))), 1e-300)
+
+
+def _scalar_log_delta(mu: float, eps: float) -> tuple[float, float]:
+    a = float(log_ndtr(-eps / mu + mu / 2))
+    b = float(log_ndtr(-eps / mu - mu / 2))
+    return a + log1mexp_scalar(min(eps + b - a, 0.0)), b
+
+
+def _exact_epsilon_scalar(mu: float, d: float, rtol: float = 4e-15) -> float:
+    if math.exp(_scalar_log_delta(mu, 0.0)[0]) <= d:
+        return 0.0
+    lt = math.log(d)
+    lo, hi = 0.0, float(_tail_upper(mu, d))
+    while math.exp(_scalar_log_delta(mu, hi)[0]) > d:
+        hi *= 2
+    x = hi
+    for _ in range(_BISECTION_STEPS):
+        ld, b = _scalar_log_delta(mu, x)
+        if math.exp(ld) > d:  # compared exactly as exact_delta reports it
+            lo = x
+        else:
+            hi = x
+        if hi - lo <= rtol * hi:
+            break
+        slope = -math.exp(x + b - ld)  # d log(delta) / d eps
+        if not slope < 0:  # underflow (eps ~ 0): bisect
+            x = 0.5 * (lo + hi)
+            continue
+        xn = x - (ld - lt) / slope
+        xn += 0.5 * rtol * hi if xn >= x else -0.5 * rtol * hi  # aim just past the root
+        x = xn if lo < xn < hi else 0.5 * (lo + hi)
+    return hi
+
+
+def _exact_epsilon_bisect(m: np.ndarray, d: float) -> np.ndarray:
+    lo = np.zeros_like(m)
+    hi = _tail_upper(m, d)
+    while True:
+        bad = np.exp(exact_log_delta(m, hi)) > d
+        if not bad.any():
+            break
+        hi = np.where(bad, 2 * hi, hi)
+    # Compared in linear space, exactly as exact_delta reports it.
+    done0 = np.exp(exact_log_delta(m, lo)) <= d  # epsilon 0 already suffices
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        if not ((mid > lo) & (mid < hi)).any():
+            break
+        good = np.exp(exact_log_delta(m, mid)) <= d
+        hi = np.where(good, mid, hi)
+        lo = np.where(good, lo, mid)
+    return np.where(done0, 0.0, hi)
 
 
 def _rho_array(rho: Any) -> np.ndarray:
@@ -148,7 +194,10 @@ def moments_epsilon(rho: Any, delta: float) -> np.ndarray | float:
 
 
 def moments_delta(rho: Any, epsilon: Any) -> np.ndarray | float:
-    """Inverse of :func:`moments_epsilon`: ``exp(-(eps - rho)^2 / (4 rho))`` for eps >= rho, else 1."""
+    """Inverse of :func:`moments_epsilon`.
+
+    ``delta = exp(-(eps - rho)^2 / (4 rho))`` for eps >= rho, else 1.
+    """
     r = _rho_array(rho)
     e = np.asarray(epsilon, dtype=np.float64)
     if np.isnan(e).any() or (e < 0).any():
@@ -186,7 +235,12 @@ def theorem_c1_epsilon(
 
 
 def theorem_c1_stddev(
-    *, num_releases: int, l2_clip_norm: float, dataset_size: int, target_epsilon: float, delta: float
+    *,
+    num_releases: int,
+    l2_clip_norm: float,
+    dataset_size: int,
+    target_epsilon: float,
+    delta: float,
 ) -> float:
     """Inverse of Theorem C.1: the stddev sigma that gives ``target_epsilon`` exactly.
 

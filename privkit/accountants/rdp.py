@@ -22,7 +22,13 @@ from scipy import optimize
 
 from privkit.errors import NumericalError
 
-__all__ = ["ORDERS", "epsilon_from_rdp", "delta_from_rdp", "gaussian_rdp_epsilon", "gaussian_rdp_delta"]
+__all__ = [
+    "ORDERS",
+    "epsilon_from_rdp",
+    "delta_from_rdp",
+    "gaussian_rdp_epsilon",
+    "gaussian_rdp_delta",
+]
 
 ORDERS: np.ndarray = np.array(
     [1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09]

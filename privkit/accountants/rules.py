@@ -28,7 +28,7 @@ Rules:
 from __future__ import annotations
 
 import functools
-import math
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -206,7 +206,15 @@ def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray, relation: Any) -> np.
     acc = rdp_lib.RdpAccountant(list(orders), relation)
     if not acc.supports(event):
         raise UnsupportedEventError(f"no RDP rule for {type(event).__name__}")
-    acc.compose(event)
+    # dp-accounting logs a warning for each order whose series does not
+    # converge; it sets that order's RDP to inf, which the conversion ignores.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        acc.compose(event)
+    finally:
+        absl_logger.setLevel(level)
     return np.asarray(acc.rdp, dtype=np.float64)
 
 

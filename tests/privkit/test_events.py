@@ -28,6 +28,9 @@ def test_unknown_module_refused():
         event_from_dict({"type": "privkit.events:event_to_dict"})
 
 
-def test_non_finite_refused():
-    with pytest.raises(InvalidParameterError):
+def test_non_finite_refused_naming_the_field():
+    with pytest.raises(InvalidParameterError, match="GaussianDpEvent.noise_multiplier"):
         event_to_dict(E.GaussianDpEvent(math.nan))
+    with pytest.raises(InvalidParameterError, match="GaussianDpEvent.noise_multiplier"):
+        event_from_dict(json.loads('{"type": "dp_accounting.dp_event:GaussianDpEvent", '
+                                   '"noise_multiplier": 1e999}'))

@@ -3,7 +3,7 @@
 import mpmath
 import pytest
 
-from privkit._numerics import log1mexp, log_sub_exp
+from privkit._numerics import log1mexp, log1mexp_scalar, log_sub_exp
 
 mpmath.mp.dps = 50
 
@@ -12,6 +12,7 @@ mpmath.mp.dps = 50
 def test_log1mexp(x):
     ref = float(mpmath.log(-mpmath.expm1(mpmath.mpf(x))))
     assert log1mexp(x) == pytest.approx(ref, rel=1e-13)
+    assert log1mexp_scalar(x) == pytest.approx(ref, rel=1e-13)
 
 
 @pytest.mark.parametrize("a,b", [(0.0, -1e-10), (5.0, 4.999), (-1000.0, -1001.0), (2.0, -800.0)])

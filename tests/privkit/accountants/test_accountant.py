@@ -80,7 +80,7 @@ def test_pure_methods_and_laplace():
     lap = E.SelfComposedDpEvent(E.LaplaceDpEvent(1.0), 100)
     # The Laplace-specific PLD (68.25) beats the generic optimal bound (79.84).
     r = epsilon(lap, 1e-5)
-    assert r.method == "pld"
+    assert r.method.startswith("pld")
     assert 68.0 < r.epsilon < 68.5
     assert eps(lap, m=Method.OPTIMAL) == pytest.approx(79.84132, rel=1e-6)
 
@@ -88,7 +88,7 @@ def test_pure_methods_and_laplace():
 def test_mixed_gaussian_and_pure_uses_pld_or_rdp():
     ev = E.ComposedDpEvent([gaussian_steps_event(2.0, 10), pure_steps_event(0.1, 10)])
     r = epsilon(ev, 1e-5)
-    assert r.method in ("pld", "rdp")
+    assert r.method.startswith(("pld", "rdp"))
     assert r.epsilon >= eps(gaussian_steps_event(2.0, 10))
     assert r.epsilon <= eps(ev, m=Method.RDP)
 

@@ -1,0 +1,449 @@
+"""The ledger's on-disk format and durable file I/O (no accounting).
+
+:class:`privkit.ledger.Ledger` decides what to charge; this module turns its
+charges into bytes, verifies them when a journal is read back, and makes them
+durable. It knows hashes, chains and file sizes, never epsilons or events
+beyond their JSON.
+
+Format ``privkit.ledger/1`` (JSON Lines): line 1 is the header, every further
+line an entry, each with ``hash`` = SHA-256 of its canonical JSON without
+``hash`` (sorted keys, no spaces, UTF-8, no NaN). Entries chain globally
+(``prev_hash``) and per client (``client_prev_hash``, with ``client_seq``
+counting a client's entries from 0), both from the header's hash. A ``spend``
+entry charges one client; a ``fork`` entry records continuing from an older
+entry (``from_seq``, ``from_hash``). One charge is one batch, written with one
+``os.write`` and one ``os.fsync``, whose entries share ``batch_end`` (the seq
+of its last entry). Unparsable trailing lines and an incomplete final batch
+come from a write whose fsync never returned: they are ignored on load and cut
+off before the next append.
+
+Example:
+    >>> canonical_json({"b": 1, "a": ["é", 0.5]})
+    '{"a":["é",0.5],"b":1}'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeGuard
+
+from privkit import _validate
+from privkit.accountants.accountant import Method
+from privkit.accountants.rules import NeighboringRelation
+from privkit.errors import InvalidParameterError, LedgerCorruptError, LedgerError
+
+SCHEMA = "privkit.ledger/1"
+canonical_json = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+"""The canonical JSON text of a value (what entry hashes are computed over)."""
+_SPEND_KEYS = frozenset({
+    "batch_end", "client_id", "client_prev_hash", "client_seq", "count", "eps_after", "event",
+    "hash", "kind", "label", "meta", "prev_hash", "round", "run_id", "seq", "step"})
+_FORK_KEYS = frozenset(
+    {"batch_end", "from_hash", "from_seq", "hash", "kind", "prev_hash", "run_id", "seq"})
+
+
+# ------------------------------------------------------- values and hashes
+def hash_hex(fields: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of ``fields``."""
+    return hashlib.sha256(canonical_json(fields).encode("utf-8")).hexdigest()
+
+
+def _hash_matches(body: Mapping[str, Any], expected: Any) -> bool:
+    try:
+        return hash_hex(body) == expected
+    except (TypeError, ValueError):
+        return False
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def optional(name: str, value: Any, kind: type) -> Any:
+    """None, or a str (``kind=str``) or an int >= 0 (``kind=int``)."""
+    if value is None or (kind is str and isinstance(value, str)):
+        return value
+    if kind is int:
+        return _validate.nonnegative_int(name, value)
+    raise InvalidParameterError(name, value, "a string or None")
+
+
+def eps_after(entry: Mapping[str, Any]) -> float:
+    """The cached epsilon of a verified spend entry (``"inf"`` is infinity)."""
+    eps = entry["eps_after"]
+    return math.inf if eps == "inf" else float(eps)
+
+
+def corrupt(path: str | None, lineno: int, msg: str) -> LedgerCorruptError:
+    """The error for a bad line ``lineno`` (1: the header) of the journal ``path``."""
+    return LedgerCorruptError(f"{path}: line {lineno}: {msg}")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """The JSON object on a complete ``line``, else None (json only; nothing is unpickled)."""
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        obj = json.loads(line.decode("utf-8"), parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# ------------------------------------------------------------------ header
+def make_header(population_id: Any, delta: Any, epsilon_budget: Any, method: Any,
+                neighboring_relation: Any, created: Any) -> dict[str, Any]:
+    """A validated header (without its hash)."""
+    if not (isinstance(population_id, str) and population_id):
+        raise InvalidParameterError("population_id", population_id, "a non-empty string")
+    relation = neighboring_relation
+    if isinstance(relation, str) and relation in NeighboringRelation.__members__:
+        relation = NeighboringRelation[relation]
+    if not isinstance(relation, NeighboringRelation):
+        names = ", ".join(NeighboringRelation.__members__)
+        raise InvalidParameterError("neighboring_relation", relation, f"one of {names}")
+    return {
+        "schema": SCHEMA, "kind": "header", "population_id": population_id,
+        "delta": _validate.delta("delta", delta),
+        "epsilon_budget": (None if epsilon_budget is None
+                           else _validate.positive("epsilon_budget", epsilon_budget)),
+        "method": Method.parse(method).value, "neighboring_relation": relation.name,
+        "created": optional("created", created, str),
+    }
+
+
+def check_header(h: dict[str, Any] | None, path: str) -> dict[str, Any]:
+    """``h`` (line 1 of ``path``, parsed) if it is a valid, unedited header of this schema."""
+    def bad(msg: str) -> LedgerCorruptError:
+        return corrupt(path, 1, msg)
+
+    if h is None:
+        raise bad("not a ledger header (a JSON object line)")
+    schema, prefix = h.get("schema"), SCHEMA.split("/")[0] + "/"
+    if schema != SCHEMA:
+        version = str(schema)[len(prefix):] if str(schema).startswith(prefix) else ""
+        if version.isdigit() and int(version) > 1:
+            raise bad(f"schema {schema!r} is newer than this privkit reads ({SCHEMA!r}); "
+                      "upgrade privkit")
+        raise bad(f"unknown schema {schema!r}; expected {SCHEMA!r}")
+    body = {k: v for k, v in h.items() if k != "hash"}
+    if not _hash_matches(body, h.get("hash")):
+        raise bad("header hash mismatch (the header was edited or damaged)")
+    try:
+        ok = make_header(*(body.get(k) for k in ("population_id", "delta", "epsilon_budget",
+                                                 "method", "neighboring_relation",
+                                                 "created"))) == body
+    except InvalidParameterError as exc:
+        raise bad(f"invalid header: {exc}") from None
+    if not ok:
+        raise bad(f"unexpected header fields {sorted(h)}")
+    return h
+
+
+# ----------------------------------------------------------------- entries
+def _meta_json(meta: Any) -> str:
+    """Canonical JSON of ``meta``, which must read back to the same text."""
+    try:
+        text = canonical_json(None if meta is None else dict(meta))
+        ok = ((meta is None or isinstance(meta, Mapping))
+              and canonical_json(json.loads(text)) == text)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InvalidParameterError("meta", meta, "None or a JSON object (str keys, finite)")
+    return text
+
+
+def spend_fields(label: Any, meta: Any, round_: Any, step: Any, run_id: Any) -> dict[str, str]:
+    """Validate fields that all entries of a spend batch share; return their canonical JSON.
+
+    Raises:
+        InvalidParameterError: a bad value (named in the message).
+    """
+    if not (isinstance(label, str) and label):
+        raise InvalidParameterError("label", label, "a non-empty string")
+    return {"label": canonical_json(label), "meta": _meta_json(meta),
+            "round": canonical_json(optional("round", round_, int)),
+            "step": canonical_json(optional("step", step, int)),
+            "run_id": canonical_json(optional("run_id", run_id, str))}
+
+
+def _spend_fields_ok(e: Mapping[str, Any]) -> bool:
+    """Types and ranges of a spend entry's own fields (not its chain links)."""
+    eps = e["eps_after"]
+    return (is_int(e["count"]) and e["count"] >= 1 and isinstance(e["label"], str)
+            and isinstance(e["event"], dict) and isinstance(e["meta"], (dict, type(None)))
+            and (eps == "inf" or (isinstance(eps, (int, float)) and eps >= 0
+                                  and not isinstance(eps, bool)))
+            and _is_str_or_none(e["run_id"])
+            and all(e[k] is None or (is_int(e[k]) and e[k] >= 0) for k in ("round", "step")))
+
+
+def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, str]],
+                 eps: list[float], fixed: Mapping[str, str]) -> tuple[bytes, list[str]]:
+    """The lines of one spend batch starting at seq ``first`` after hash ``prev``, and hashes.
+
+    ``links`` holds each client's (client_seq, client_prev_hash); ``fixed`` the
+    canonical JSON of the fields every entry shares (count, event, label, meta,
+    round, run_id, step).
+    """
+    # Canonical JSON built by hand (keys in sorted order) for speed; Journal.load
+    # re-checks every hash with the generic encoder.
+    lines, hashes = [], []
+    end = first + len(ids) - 1
+    mid = f'"count":{fixed["count"]},'
+    post = ('"kind":"spend","label":' + fixed["label"] + ',"meta":' + fixed["meta"]
+            + ',"prev_hash":"')
+    last = ',"round":' + fixed["round"] + ',"run_id":' + fixed["run_id"] + ',"seq":'
+    step = ',"step":' + fixed["step"] + "}"
+    for k, (cid, (cseq, cprev)) in enumerate(zip(ids, links, strict=True)):
+        e_json = repr(eps[k]) if math.isfinite(eps[k]) else '"inf"'
+        head = (f'{{"batch_end":{end},"client_id":{canonical_json(cid)},'
+                f'"client_prev_hash":"{cprev}","client_seq":{cseq},{mid}"eps_after":{e_json},'
+                f'"event":{fixed["event"]},')
+        rest = f'{post}{prev}"{last}{first + k}{step}'
+        prev = hashlib.sha256((head + rest).encode("utf-8")).hexdigest()
+        lines.append(f'{head}"hash":"{prev}",{rest}\n')
+        hashes.append(prev)
+    return "".join(lines).encode("utf-8"), hashes
+
+
+# ------------------------------------------------------------------- files
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _durable_temp(path: str, data: bytes) -> str:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically (temp file, fsync, rename, fsync directory)."""
+    path = os.fspath(path)
+    tmp = _durable_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def create_file(path: str, header: Mapping[str, Any]) -> int:
+    """Create the journal ``path`` holding the (hashed) ``header`` whole; return its size.
+
+    Raises:
+        LedgerError: ``path`` exists (it is never clobbered).
+    """
+    data = (canonical_json(header) + "\n").encode("utf-8")
+    tmp = _durable_temp(path, data)
+    try:
+        os.link(tmp, path)  # atomic, never clobbers (needs a POSIX file system)
+    except FileExistsError:
+        raise LedgerError(f"ledger {path!r} already exists; use Ledger.open to continue it "
+                          "(spend is never reset)") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return len(data)
+
+
+# ----------------------------------------------------------------- journal
+class Journal:
+    """The hash chains of one ledger and, unless ``path`` is None, its file.
+
+    Holds the global chain (every entry's hash, by seq) and each client's
+    chain link, verifies entries read back (:meth:`load`) and appends whole
+    batches durably. Not thread-safe: the ledger serialises calls.
+    """
+
+    def __init__(self, header_hash: str, path: str | None, size: int = 0) -> None:
+        """``size``: bytes of the file already read or written (the header line)."""
+        self.path = path
+        self.header_hash = header_hash
+        self.head_seq, self.head_hash = -1, header_hash
+        self._digests = bytearray.fromhex(header_hash)  # seq s at [32(s+1), 32(s+2))
+        self._links: dict[str, tuple[int, str]] = {}  # client -> (client_seq, hash) of last
+        self._valid_size = self._known_size = size
+        self._broken: str | None = None
+
+    def hash_at(self, seq: int) -> str:
+        """The hash of entry ``seq`` (-1: the header); ``-1 <= seq <= head_seq``."""
+        return bytes(self._digests[32 * (seq + 1):32 * (seq + 2)]).hex()
+
+    def _next_link(self, cid: str) -> tuple[int, str]:
+        link = self._links.get(cid)
+        return (link[0] + 1, link[1]) if link is not None else (0, self.header_hash)
+
+    # ----------------------------------------------------------- reading
+    def load(self, lines: Iterable[bytes],
+             on_spend: Callable[[dict[str, Any], int], None]) -> int:
+        """Verify the entries after the header; return the bytes of a torn tail ignored.
+
+        Each line's hash, seq and batch_end is checked as it is read; once a
+        batch is complete, each of its entries is checked against the chains
+        and, if a spend, passed to ``on_spend(entry, lineno)``, in order.
+
+        Raises:
+            LedgerCorruptError: a malformed, edited or missing entry (names the line).
+        """
+        offset = committed = self._valid_size
+        pending: list[tuple[dict[str, Any], int]] = []  # the batch being read
+        bad_line = 0
+        for lineno, line in enumerate(lines, start=2):
+            offset += len(line)
+            entry = parse_line(line)
+            if entry is None:
+                bad_line = bad_line or lineno  # a torn tail, unless a valid line follows
+                continue
+            if bad_line:
+                raise corrupt(self.path, bad_line, "not a JSON object line")
+            if not _hash_matches({k: v for k, v in entry.items() if k != "hash"},
+                                 entry.get("hash")):
+                raise corrupt(self.path, lineno, "hash mismatch (entry edited or damaged)")
+            seq, end = entry.get("seq"), entry.get("batch_end")
+            expected = self.head_seq + 1 + len(pending)
+            if seq != expected or not is_int(seq):
+                raise corrupt(self.path, lineno, f"seq {seq!r}, expected {expected} "
+                                                 "(an entry is missing, duplicated or reordered)")
+            if not (is_int(end) and end >= seq
+                    and (not pending or pending[0][0]["batch_end"] == end)):
+                raise corrupt(self.path, lineno, f"bad batch_end {end!r}")
+            pending.append((entry, lineno))
+            if seq == end:
+                for e, n in pending:
+                    self._chain(e, n, on_spend)
+                pending, committed = [], offset
+        self._valid_size, self._known_size = committed, offset
+        return offset - committed
+
+    def _chain(self, e: dict[str, Any], lineno: int,
+               on_spend: Callable[[dict[str, Any], int], None]) -> None:
+        """Verify one hash-checked entry of a complete batch against the chains; add it."""
+        if e.get("prev_hash") != self.head_hash:
+            raise corrupt(self.path, lineno, "prev_hash does not match the previous entry")
+        kind = e.get("kind")
+        if kind == "spend" and set(e) == _SPEND_KEYS:
+            cid = e["client_id"]
+            valid_id = isinstance(cid, str) and bool(cid)
+            cseq, cprev = self._next_link(cid) if valid_id else (0, self.header_hash)
+            if not valid_id or e["client_seq"] != cseq or not is_int(e["client_seq"]):
+                raise corrupt(self.path, lineno, f"client_seq {e['client_seq']!r} of client "
+                                                 f"{cid!r}, expected {cseq}")
+            if e["client_prev_hash"] != cprev:
+                raise corrupt(self.path, lineno,
+                              f"client_prev_hash breaks the chain of client {cid!r}")
+            if not _spend_fields_ok(e):
+                raise corrupt(self.path, lineno, "a field has the wrong type or range")
+            on_spend(e, lineno)
+            self._links[cid] = (cseq, e["hash"])
+        elif kind == "fork" and set(e) == _FORK_KEYS:
+            src = e["from_seq"]
+            if not (is_int(src) and -1 <= src < e["seq"] == e["batch_end"]
+                    and self.hash_at(src) == e["from_hash"] and _is_str_or_none(e["run_id"])):
+                raise corrupt(self.path, lineno, "fork entry does not point at an earlier entry")
+        else:
+            raise corrupt(self.path, lineno, f"unknown entry kind {kind!r} or fields {sorted(e)}")
+        self._extend([e["hash"]])
+
+    # ----------------------------------------------------------- writing
+    def check_usable(self) -> None:
+        """Raise LedgerError if a failed write left the file in an unknown state."""
+        if self._broken:
+            raise LedgerError(f"ledger unusable after a failed write ({self._broken}); reopen it")
+
+    def append_spends(self, ids: list[str], eps: list[float],
+                      fixed: Mapping[str, str]) -> list[str]:
+        """Durably append one spend batch, an entry per client; return their hashes.
+
+        ``eps`` are the clients' epsilons after the charge; ``fixed`` is
+        :func:`spend_fields` with the canonical JSON of ``event`` and ``count``.
+        """
+        links = [self._next_link(c) for c in ids]
+        data, hashes = _spend_lines(self.head_seq + 1, self.head_hash, ids, links, eps, fixed)
+        self._append(data, hashes)
+        self._links.update(zip(ids, ((s, h) for (s, _), h in zip(links, hashes, strict=True)),
+                               strict=True))
+        return hashes
+
+    def append_fork(self, from_seq: int, from_hash: str, run_id: str | None) -> None:
+        """Durably append a fork entry continuing from entry ``from_seq``."""
+        seq = self.head_seq + 1
+        entry: dict[str, Any] = {
+            "batch_end": seq, "from_hash": from_hash, "from_seq": from_seq, "kind": "fork",
+            "prev_hash": self.head_hash, "run_id": run_id, "seq": seq}
+        entry["hash"] = hash_hex(entry)
+        self._append((canonical_json(entry) + "\n").encode("utf-8"), [entry["hash"]])
+
+    def _append(self, data: bytes, hashes: list[str]) -> None:
+        if self.path is not None:
+            self._write(self.path, data)
+        self._extend(hashes)
+
+    def _extend(self, hashes: list[str]) -> None:
+        self.head_seq, self.head_hash = self.head_seq + len(hashes), hashes[-1]
+        self._digests += bytes.fromhex("".join(hashes))
+
+    def _write(self, path: str, data: bytes) -> None:
+        """One write and fsync at the end of ``path`` (cutting off a torn tail first)."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+            if os.fstat(fd).st_size != self._known_size:
+                raise LedgerError(f"{path} changed since it was read (another writer?); "
+                                  "reopen it")
+            try:
+                if self._valid_size != self._known_size:
+                    os.ftruncate(fd, self._valid_size)  # bytes no fsync ever acknowledged
+                    self._known_size = self._valid_size
+                _write_all(fd, data)
+                os.fsync(fd)
+            except BaseException as exc:
+                try:  # unacknowledged: cut it off, so the file stays whole batches
+                    os.ftruncate(fd, self._valid_size)
+                    os.fsync(fd)
+                    self._known_size = self._valid_size
+                except OSError:
+                    self._broken = repr(exc)
+                raise
+        finally:
+            os.close(fd)
+        self._valid_size = self._known_size = self._valid_size + len(data)

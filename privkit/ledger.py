@@ -1,0 +1,459 @@
+"""Per-client privacy budget ledger: an append-only, hash-chained JSON Lines journal.
+
+A :class:`Ledger` records every privacy charge of one population (a dataset and
+its client ids), one entry per client per charge, and refuses a charge that
+would take any client over budget *before* anything changes. It is the authority
+on privacy spent: epsilons are replayed from the recorded events with the
+header's accountant; each entry's ``eps_after`` is only a cache.
+
+The journal (format ``privkit.ledger/1``) is written one fsynced batch per
+charge and verified when reopened; :mod:`privkit._journal` describes the format
+and does the file I/O, this module the accounting.
+
+Example:
+    >>> from privkit.events import GaussianDpEvent
+    >>> ledger = Ledger.create(None, population_id="demo", delta=1e-5, epsilon_budget=10.0)
+    >>> ledger.spend(["a", "b"], GaussianDpEvent(2.0), label="round").seq
+    1
+    >>> round(ledger.epsilons()["a"], 4)
+    1.9931
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+from dp_accounting.dp_event import DpEvent
+
+from privkit import _journal, _validate
+from privkit._journal import SCHEMA, atomic_write_bytes, canonical_json, is_int, optional
+from privkit.accountants.accountant import Method, epsilon_batch_compositions
+from privkit.accountants.rules import Composition, NeighboringRelation, flatten
+from privkit.errors import (
+    BudgetExceededError,
+    InvalidParameterError,
+    LedgerMismatchError,
+    LedgerRollbackError,
+    PrivkitError,
+)
+from privkit.events import event_from_dict, event_to_dict
+
+__all__ = ["SCHEMA", "Ledger", "LedgerPointer", "LedgerReport", "SpendReceipt",
+           "atomic_write_bytes"]
+
+_EMPTY = Composition(())
+
+
+@dataclass(frozen=True)
+class LedgerPointer:
+    """(``seq``, ``hash``) of the last ledger entry a state depends on (-1: the header)."""
+
+    seq: int
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "hash": self.hash}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LedgerPointer:
+        seq, h = data.get("seq"), data.get("hash")
+        if not (is_int(seq) and isinstance(h, str)):
+            raise InvalidParameterError("pointer", data, "a dict with int 'seq' and str 'hash'")
+        return cls(seq, h)
+
+
+@dataclass(frozen=True, eq=False)
+class SpendReceipt:
+    """A charge that is durable on disk.
+
+    Attributes:
+        seq: the highest seq written (the release must carry it); ``hash`` its hash.
+        first_seq: the seq of the charge's first entry.
+        client_ids: the clients charged, in entry order.
+        epsilons: their epsilons after the charge (read-only array).
+    """
+
+    seq: int
+    hash: str
+    first_seq: int
+    client_ids: tuple[str, ...]
+    epsilons: np.ndarray
+
+    @property
+    def pointer(self) -> LedgerPointer:
+        return LedgerPointer(self.seq, self.hash)
+
+
+@dataclass(frozen=True, eq=False)
+class LedgerReport:
+    """Replayed per-client epsilon upper bounds at ``delta`` under ``method``.
+
+    ``epsilons`` (read-only) is aligned with ``client_ids`` (0 if never charged);
+    ``mean`` and ``max`` are 0 when there are no clients; ``head`` is the last
+    entry reflected.
+    """
+
+    client_ids: tuple[str, ...]
+    epsilons: np.ndarray
+    mean: float
+    max: float
+    method: Method
+    delta: float
+    epsilon_budget: float | None
+    head: LedgerPointer
+
+
+# -------------------------------------------------------------- validation
+def _one_id(value: Any) -> str:
+    if isinstance(value, str) and value:
+        try:
+            value.encode("utf-8")
+            return str(value)
+        except UnicodeEncodeError:
+            pass
+    elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    raise InvalidParameterError("client_ids", value, "made of non-empty strings or integers")
+
+
+def _client_ids(value: Any, *, unique: bool = False) -> list[str]:
+    if isinstance(value, (str, numbers.Integral)):
+        ids = [_one_id(value)]
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        ids = [_one_id(v) for v in value]
+    else:
+        raise InvalidParameterError("client_ids", value, "a client id or a sequence of them")
+    if not ids:
+        raise InvalidParameterError("client_ids", value, "non-empty")
+    if unique and len(set(ids)) != len(ids):
+        dup = next(c for c, n in Counter(ids).items() if n > 1)
+        raise InvalidParameterError("client_ids", dup, "free of duplicates within one spend")
+    return ids
+
+
+# ------------------------------------------------------------------ ledger
+class Ledger:
+    """Append-only per-client privacy ledger of one population.
+
+    Start one with :meth:`create` (``path=None``: in memory, never persisted)
+    and continue it with :meth:`open`. Client ids are strings; integer ids are
+    stored as decimal strings (``7`` and ``"7"`` are one client). Calls are
+    serialised by a lock; an append to a file that changed since it was read
+    (another writer) is refused.
+    """
+
+    def __init__(self, header: Mapping[str, Any], path: str | None, size: int = 0) -> None:
+        """Use :meth:`create` or :meth:`open`; ``header`` is trusted here."""
+        self.population_id: str = header["population_id"]
+        self.delta = float(header["delta"])
+        budget = header["epsilon_budget"]
+        self.epsilon_budget = None if budget is None else float(budget)
+        self.method = Method.parse(header["method"])
+        self.neighboring_relation = NeighboringRelation[header["neighboring_relation"]]
+        self.created: str | None = header["created"]
+        self._journal = _journal.Journal(header["hash"], path, size)  # chains and file
+        # per client (by index): composition state id, cached eps_after
+        self._ids: list[str] = []
+        self._index: dict[str, int] = {}
+        self._state: list[int] = []
+        self._cached: list[float] = []
+        # compositions are interned: state id -> Composition -> epsilon (priced once)
+        self._comps: list[Composition] = [_EMPTY]
+        self._comp_id: dict[Composition, int] = {_EMPTY: 0}
+        self._trans: dict[tuple[int, int], int] = {}
+        self._deltas: dict[tuple[str, int], int] = {}  # (event JSON, count) -> delta id
+        self._delta_comps: list[Composition] = []
+        self._eps: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self.discarded_bytes = 0
+        """Bytes of an unfinished final write that :meth:`open` ignored."""
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str] | None,
+        *,
+        population_id: str,
+        delta: float,
+        epsilon_budget: float | None = None,
+        method: Method | str = Method.AUTO,
+        neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE,
+        created: str | None = None,
+    ) -> Ledger:
+        """Start the ledger of a new population.
+
+        Args:
+            path: journal file to create (refused if it exists); None: in memory.
+            population_id: non-empty id of the population (dataset + client ids).
+            delta: target delta in (0, 1) of every reported epsilon.
+            epsilon_budget: per-client budget, finite and > 0; None: no budget.
+            method: the accounting method (upper bounds), fixed for the ledger.
+            neighboring_relation: dp-accounting's relation (or its name).
+            created: header timestamp (default: now, UTC); fix it for
+                byte-identical ledgers across runs.
+
+        Raises:
+            InvalidParameterError: a bad argument (named in the message).
+            LedgerError: ``path`` already exists.
+        """
+        if created is None:
+            created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        header = _journal.make_header(population_id, delta, epsilon_budget, method,
+                                      neighboring_relation, created)
+        header["hash"] = _journal.hash_hex(header)
+        if path is None:
+            return cls(header, None)
+        path = os.fspath(path)
+        return cls(header, path, _journal.create_file(path, header))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Ledger:
+        """Reopen a journal, verifying schema, hash chains, sequence numbers and events.
+
+        Raises:
+            LedgerCorruptError: a malformed, edited or missing entry (the message
+                names the line), or an unknown or newer schema.
+        """
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            first = f.readline()
+            header = _journal.check_header(_journal.parse_line(first), path)
+            ledger = cls(header, path, len(first))
+            ledger.discarded_bytes = ledger._journal.load(f, ledger._replay)
+        return ledger
+
+    def _replay(self, e: dict[str, Any], lineno: int) -> None:
+        """Apply one spend entry that :meth:`open` verified (all but its event)."""
+        cid, count = e["client_id"], e["count"]
+        key = (canonical_json(e["event"]), count)
+        did = self._deltas.get(key)
+        if did is None:
+            try:
+                did = self._add_delta(key, flatten(event_from_dict(e["event"]), count))
+            except PrivkitError as exc:
+                raise _journal.corrupt(self.path, lineno, f"bad event: {exc}") from None
+        i = self._index.get(cid, -1)
+        new = self._next_state(self._state[i] if i >= 0 else 0, did)
+        self._record(cid, i, new, _journal.eps_after(e))
+
+    # ------------------------------------------------------------- state
+    def _add_delta(self, key: tuple[str, int], comp: Composition) -> int:
+        self._delta_comps.append(comp)
+        self._deltas[key] = len(self._delta_comps) - 1
+        return self._deltas[key]
+
+    def _next_state(self, state: int, delta_id: int) -> int:
+        nxt = self._trans.get((state, delta_id))
+        if nxt is None:
+            comp = self._comps[state] + self._delta_comps[delta_id]
+            nxt = self._comp_id.setdefault(comp, len(self._comps))
+            if nxt == len(self._comps):
+                self._comps.append(comp)
+            self._trans[(state, delta_id)] = nxt
+        return nxt
+
+    def _record(self, cid: str, i: int, state: int, eps: float) -> None:
+        if i < 0:
+            self._index[cid] = len(self._ids)
+            self._ids.append(cid)
+            self._state.append(state)
+            self._cached.append(eps)
+        else:
+            self._state[i], self._cached[i] = state, eps
+
+    def _state_of(self, cid: str) -> int:
+        i = self._index.get(cid, -1)
+        return self._state[i] if i >= 0 else 0
+
+    def _epsilons_of(self, states: list[int]) -> np.ndarray:
+        missing = list({s for s in states if s not in self._eps})
+        if missing:
+            eps = epsilon_batch_compositions([self._comps[s] for s in missing], self.delta,
+                                             self.method, self.neighboring_relation)
+            self._eps.update(zip(missing, eps.tolist(), strict=True))
+        return np.fromiter((self._eps[s] for s in states), dtype=np.float64, count=len(states))
+
+    def _event_delta(self, event: Any, count: Any) -> tuple[str, int]:
+        """Validate ``event`` and ``count``; return the event's canonical JSON and delta id."""
+        if not isinstance(event, DpEvent):
+            raise InvalidParameterError("event", event, "a dp_accounting DpEvent")
+        count = _validate.positive_int("count", count)
+        try:
+            ev_json = canonical_json(event_to_dict(event))
+        except (TypeError, ValueError):
+            flatten(event, count)  # raises naming the bad field, if it can
+            raise InvalidParameterError("event", event, "made of JSON data") from None
+        did = self._deltas.get((ev_json, count))
+        if did is None:
+            if event_from_dict(json.loads(ev_json)) != event:
+                raise InvalidParameterError("event", event, "one that round-trips through JSON")
+            did = self._add_delta((ev_json, count), flatten(event, count))
+        return ev_json, did
+
+    # ---------------------------------------------------------- charging
+    def would_exceed(self, client_ids: Any, event: DpEvent, count: int = 1) -> np.ndarray:
+        """Bool array: would ``count`` more uses of ``event`` take each client over budget?
+
+        A pure check (nothing changes); all False when the ledger has no budget.
+        """
+        ids = _client_ids(client_ids)
+        with self._lock:
+            _, did = self._event_delta(event, count)
+            eps = self._epsilons_of([self._next_state(self._state_of(c), did) for c in ids])
+        if self.epsilon_budget is None:
+            return np.zeros(len(ids), dtype=bool)
+        return ~(eps <= self.epsilon_budget)
+
+    def spend(
+        self,
+        client_ids: Any,
+        event: DpEvent,
+        *,
+        label: str,
+        count: int = 1,
+        round: int | None = None,  # noqa: A002 - the spec's field name
+        step: int | None = None,
+        run_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> SpendReceipt:
+        """Charge ``count`` uses of ``event`` to every client, durably, or refuse.
+
+        Every client's would-be epsilon is checked first; if one exceeds the
+        budget nothing changes. Otherwise all entries are written in one write
+        and fsynced, and only then is the in-memory state updated. Draw noise
+        after this returns; the release carries ``receipt.seq``.
+
+        Args:
+            client_ids: one id or a non-empty sequence of distinct ids (str or int).
+            event: the privacy event of one use (dp-accounting or privkit event).
+            label: what was released, non-empty.
+            count: uses, an integer >= 1.
+            round: round (model version) counter, step: step (e.g. upload)
+                counter, run_id: the run; each optional.
+            meta: optional JSON object (backend, secure flag, rng stream id);
+                never keys or generator states.
+
+        Raises:
+            BudgetExceededError: a client would exceed the budget (names them).
+            InvalidParameterError: a bad argument (named in the message).
+            UnsupportedEventError: the ledger's method cannot price the event.
+            LedgerError: the journal cannot be appended to (see message).
+        """
+        ids = _client_ids(client_ids, unique=True)
+        fixed = _journal.spend_fields(label, meta, round, step, run_id)
+        with self._lock:
+            fixed["event"], did = self._event_delta(event, count)
+            fixed["count"] = str(_validate.positive_int("count", count))
+            self._journal.check_usable()
+            idx = [self._index.get(c, -1) for c in ids]
+            states = [self._next_state(self._state[i] if i >= 0 else 0, did) for i in idx]
+            eps = self._epsilons_of(states)
+            budget = self.epsilon_budget
+            over = np.flatnonzero(~(eps <= budget)) if budget is not None else np.empty(0, int)
+            if len(over):
+                shown = ", ".join(f"{ids[k]!r} (epsilon {eps[k]:.6g})" for k in over[:5])
+                raise BudgetExceededError(
+                    f"spend {label!r} would exceed epsilon_budget={self.epsilon_budget:g} "
+                    f"(delta={self.delta:g}) for {len(over)} client(s): {shown}"
+                    f"{' ...' if len(over) > 5 else ''}; nothing was recorded")
+            first, eps_list = self._journal.head_seq + 1, eps.tolist()
+            hashes = self._journal.append_spends(ids, eps_list, fixed)
+            for cid, i, s, e in zip(ids, idx, states, eps_list, strict=True):
+                self._record(cid, i, s, e)
+        eps.flags.writeable = False
+        return SpendReceipt(first + len(ids) - 1, hashes[-1], first, tuple(ids), eps)
+
+    # ---------------------------------------------------------- pointers
+    def head(self) -> LedgerPointer:
+        """Pointer to the last entry (seq -1 and the header's hash when there is none)."""
+        return LedgerPointer(self._journal.head_seq, self._journal.head_hash)
+
+    def verify_pointer(self, pointer: LedgerPointer, *, fork: bool = False,
+                       run_id: str | None = None) -> LedgerPointer:
+        """Check a checkpoint's pointer against the ledger, refusing rollback.
+
+        Args:
+            pointer: (seq, hash) stored with the state being loaded.
+            fork: allow continuing from a state older than the head: a ``fork``
+                entry (with ``run_id``) is appended; all spend carries over.
+
+        Returns:
+            The head after the check (the fork entry if one was appended).
+
+        Raises:
+            LedgerMismatchError: the ledger has no entry with that seq and hash.
+            LedgerRollbackError: the pointer is older than the head and not ``fork``.
+        """
+        if not isinstance(pointer, LedgerPointer):
+            raise InvalidParameterError("pointer", pointer, "a LedgerPointer")
+        run_id = optional("run_id", run_id, str)
+        with self._lock:
+            seq, head = pointer.seq, self._journal.head_seq
+            if not (is_int(seq) and -1 <= seq <= head):
+                raise LedgerMismatchError(f"pointer seq {seq!r} is not in this ledger (head seq "
+                                          f"{head}): the state depends on a missing entry")
+            if not (isinstance(pointer.hash, str) and self._journal.hash_at(seq) == pointer.hash):
+                raise LedgerMismatchError(f"ledger entry {seq} has another hash than the pointer: "
+                                          "another ledger, or a rewritten one")
+            if seq < head and not fork:
+                raise LedgerRollbackError(
+                    f"pointer seq {seq} is older than the ledger head {head}: loading it would "
+                    "forget later spend; pass fork=True to continue from it (spend carries over)")
+            if seq < head:
+                self._journal.check_usable()
+                self._journal.append_fork(seq, pointer.hash, run_id)
+            return self.head()
+
+    # ----------------------------------------------------------- reports
+    @property
+    def path(self) -> str | None:
+        """The journal file, or None for an in-memory ledger."""
+        return self._journal.path
+
+    @property
+    def client_ids(self) -> tuple[str, ...]:
+        """Clients charged so far, in order of their first charge."""
+        return tuple(self._ids)
+
+    def epsilons(self, client_ids: Any = None) -> dict[str, float]:
+        """Replayed epsilon at the ledger's delta per client (default: all charged; 0 if never)."""
+        ids = self.client_ids if client_ids is None else _client_ids(client_ids)
+        with self._lock:
+            eps = self._epsilons_of([self._state_of(c) for c in ids])
+        return dict(zip(ids, eps.tolist(), strict=True))
+
+    def report(self, client_ids: Any = None) -> LedgerReport:
+        """Per-client epsilons (default: all charged clients) with mean and max."""
+        ids = self.client_ids if client_ids is None else tuple(_client_ids(client_ids))
+        with self._lock:
+            eps = self._epsilons_of([self._state_of(c) for c in ids])
+            head = self.head()
+        eps.flags.writeable = False
+        mean, top = (float(eps.mean()), float(eps.max())) if eps.size else (0.0, 0.0)
+        return LedgerReport(tuple(ids), eps, mean, top, self.method, self.delta,
+                            self.epsilon_budget, head)
+
+    def stale_eps_after(self, rtol: float = 1e-9) -> dict[str, tuple[float, float]]:
+        """Clients whose last cached ``eps_after`` differs from the replay: id -> (cached, replay).
+
+        A difference means the accountant changed since the entry was written;
+        the replay (what :meth:`epsilons` reports) is the authority.
+        """
+        replay = self.epsilons()
+        return {c: (e, replay[c]) for c, e in zip(self._ids, self._cached, strict=True)
+                if not math.isclose(e, replay[c], rel_tol=rtol)}
+
+    def __repr__(self) -> str:
+        return (f"Ledger(path={self.path!r}, population_id={self.population_id!r}, "
+                f"clients={len(self._ids)}, head_seq={self._journal.head_seq})")
+

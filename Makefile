@@ -14,7 +14,7 @@ $(PY):
 # a multi-GB CUDA build.
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,torch]"
+	$(PY) -m pip install -q -e ".[dev,examples]"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -2,8 +2,7 @@
 
 :class:`privkit.ledger.Ledger` decides what to charge; this module turns its
 charges into bytes, verifies them when a journal is read back, and makes them
-durable. It knows hashes, chains and file sizes, never epsilons or events
-beyond their JSON.
+durable. It stores events and cached epsilons as JSON but never prices them.
 
 Format ``privkit.ledger/1`` (JSON Lines): line 1 is the header, every further
 line an entry, each with ``hash`` = SHA-256 of its canonical JSON without
@@ -300,18 +299,16 @@ class Journal:
         self.path = path
         self.header_hash = header_hash
         self.head_seq, self.head_hash = -1, header_hash
+        self._new_link = (0, header_hash)
         self._digests = bytearray.fromhex(header_hash)  # seq s at [32(s+1), 32(s+2))
-        self._links: dict[str, tuple[int, str]] = {}  # client -> (client_seq, hash) of last
+        # client -> (client_seq, client_prev_hash) of its next entry; (0, header_hash) if new
+        self._links: dict[str, tuple[int, str]] = {}
         self._valid_size = self._known_size = size
         self._broken: str | None = None
 
     def hash_at(self, seq: int) -> str:
         """The hash of entry ``seq`` (-1: the header); ``-1 <= seq <= head_seq``."""
         return bytes(self._digests[32 * (seq + 1):32 * (seq + 2)]).hex()
-
-    def _next_link(self, cid: str) -> tuple[int, str]:
-        link = self._links.get(cid)
-        return (link[0] + 1, link[1]) if link is not None else (0, self.header_hash)
 
     # ----------------------------------------------------------- reading
     def load(self, lines: Iterable[bytes],
@@ -364,7 +361,7 @@ class Journal:
         if kind == "spend" and set(e) == _SPEND_KEYS:
             cid = e["client_id"]
             valid_id = isinstance(cid, str) and bool(cid)
-            cseq, cprev = self._next_link(cid) if valid_id else (0, self.header_hash)
+            cseq, cprev = self._links.get(cid, self._new_link) if valid_id else self._new_link
             if not valid_id or e["client_seq"] != cseq or not is_int(e["client_seq"]):
                 raise corrupt(self.path, lineno, f"client_seq {e['client_seq']!r} of client "
                                                  f"{cid!r}, expected {cseq}")
@@ -374,7 +371,7 @@ class Journal:
             if not _spend_fields_ok(e):
                 raise corrupt(self.path, lineno, "a field has the wrong type or range")
             on_spend(e, lineno)
-            self._links[cid] = (cseq, e["hash"])
+            self._links[cid] = (cseq + 1, e["hash"])
         elif kind == "fork" and set(e) == _FORK_KEYS:
             src = e["from_seq"]
             if not (is_int(src) and -1 <= src < e["seq"] == e["batch_end"]
@@ -397,10 +394,10 @@ class Journal:
         ``eps`` are the clients' epsilons after the charge; ``fixed`` is
         :func:`spend_fields` with the canonical JSON of ``event`` and ``count``.
         """
-        links = [self._next_link(c) for c in ids]
+        links = [self._links.get(c, self._new_link) for c in ids]
         data, hashes = _spend_lines(self.head_seq + 1, self.head_hash, ids, links, eps, fixed)
         self._append(data, hashes)
-        self._links.update(zip(ids, ((s, h) for (s, _), h in zip(links, hashes, strict=True)),
+        self._links.update(zip(ids, [(s + 1, h) for (s, _), h in zip(links, hashes, strict=True)],
                                strict=True))
         return hashes
 

@@ -1,7 +1,8 @@
-"""The ``privkit`` command line: epsilon, calibrate, demo.
+"""The ``privkit`` command line: epsilon, calibrate, demo, audit.
 
 Errors in arguments print one line naming the argument and exit with status 2.
-With ``--json`` stdout is exactly one JSON object.
+With ``--json`` stdout is exactly one JSON object. ``privkit audit`` exits with
+status 0 when the audit passed and 1 when it found a violation.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from privkit import _validate
+from privkit import audit as _audit
 from privkit.accountants import Method, epsilon
 from privkit.accountants.calibration import calibrate_noise_multiplier
 from privkit.errors import PrivkitError
@@ -32,6 +34,13 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _integer_or_number(text: str) -> int | float:
+    try:
+        return int(text)  # exact for large seeds
+    except ValueError:
+        return _number(text)  # validated (and named) by the command
 
 
 def _methods() -> list[str]:
@@ -72,7 +81,34 @@ def _build_parser() -> argparse.ArgumentParser:
     cg.add_argument("--method", default="auto", choices=_methods())
     cg.add_argument("--json", action="store_true")
 
-    sub.add_parser("demo", help="a table of epsilons for standard settings")
+    demo = sub.add_parser("demo", help="epsilons for standard settings, then a short "
+                          "Upcycled-FL vs FedProx vs FedAvg run")
+    demo.add_argument("--out", default="runs/demo", help="where the demo run writes its report")
+    demo.add_argument("--no-train", action="store_true", help="only the epsilon table")
+
+    # Trainers live in fl_examples; only their argument definitions are imported here.
+    from fl_examples import cli as fl_cli
+
+    fl_cli.add_train_parser(sub, _Parser)
+
+    au = sub.add_parser(
+        "audit", help="statistical audit: empirical lower bound on a mechanism's epsilon",
+        description="Run a real privkit mechanism on neighbouring inputs and compare an "
+        "empirical lower bound on its epsilon (confidence 1 - 1e-3) with its claim.",
+        epilog="exit status: 0 if the audit passed (lower bound <= claim), 1 if it found a "
+        "violation, 2 for bad arguments.")
+    au.add_argument("mechanism", choices=list(_audit.MECHANISMS),
+                    help="gaussian: GDP trade-off audit of GaussianOutputPerturbation; "
+                    "objective: ObjectivePerturbation on a 1-parameter GLM; laplace-l2 / "
+                    "laplace-l1: LaplaceGradientNoise (d = 2) with that noise shape")
+    au.add_argument("--trials", type=_number, default=None,
+                    help="draws per neighbour (per half for threshold audits; default 1e5)")
+    au.add_argument("--noise-scale", type=_number, default=1.0,
+                    help="factor on the noise; < 1 builds a deliberately broken mechanism "
+                    "(default 1)")
+    au.add_argument("--seed", type=_integer_or_number, default=None,
+                    help="integer seed for a reproducible run (default: fresh entropy)")
+    au.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -133,7 +169,7 @@ def demo_rows() -> list[tuple[str, str, float, str, float]]:
     return rows
 
 
-def _cmd_demo(_: argparse.Namespace) -> None:
+def _cmd_demo(a: argparse.Namespace) -> None:
     rows = demo_rows()
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
@@ -146,19 +182,57 @@ def _cmd_demo(_: argparse.Namespace) -> None:
         last = name
         print(f"{shown:<{w0}}  {method:<{w1}}  {d:>6}  {eps:>10.4f}  {secs * 1e3:>6.1f}ms")
     print("\n'auto' is the tightest valid bound; every number is an upper bound on epsilon.")
+    if not a.no_train:
+        from fl_examples import cli as fl_cli
+
+        fl_cli.demo_trainers(a.out)
+
+
+def _cmd_train(a: argparse.Namespace) -> None:
+    from fl_examples import cli as fl_cli
+
+    fl_cli.run_train(a)
+
+
+def _cmd_audit(a: argparse.Namespace) -> int:
+    r = _audit.audit(a.mechanism, trials=a.trials, noise_scale=a.noise_scale, seed=a.seed)
+    out = r.to_dict()
+    verdict = "PASSED (no violation found)" if r.passed else "FAILED (privacy claim violated)"
+    det = r.details
+    if "gdp_mu_claimed" in det:
+        claim = (f"claimed gdp_mu = {det['gdp_mu_claimed']:.4f} (eps = {r.claimed_epsilon:.4f} "
+                 f"at delta = {det['delta']:g})")
+        found = (f"empirical lower bound gdp_mu >= {det['gdp_mu_lower']:.4f} "
+                 f"(eps >= {r.empirical_epsilon_lower:.4f})")
+    else:
+        claim = f"claimed eps = {r.claimed_epsilon:.4f} (pure DP)"
+        found = f"empirical lower bound eps >= {r.empirical_epsilon_lower:.4f}"
+    text = (f"privkit audit {r.mechanism}: {verdict}\n"
+            f"  {claim}; {found} at confidence 1 - {det['alpha']:g}\n"
+            f"  {r.trials} draws per neighbour{' per half' if 'orientation' in det else ''}, "
+            f"noise_scale = {r.noise_scale:g}, "
+            f"seed = {det['seed'] if det['seed'] is not None else det['seed_entropy']}, "
+            f"{det['seconds']:.2f}s")
+    _emit(out, a.json, text)
+    return 0 if r.passed else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``privkit`` command."""
+    """Entry point of the ``privkit`` command.
+
+    Returns 0 on success, 2 for bad arguments, and for ``audit`` 1 when the
+    audit found a violation.
+    """
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
-        commands = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo}
-        commands[args.command](args)
+        commands = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo,
+                    "audit": _cmd_audit, "train": _cmd_train}
+        code = commands[args.command](args)
     except PrivkitError as exc:
         print(f"privkit: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":  # pragma: no cover

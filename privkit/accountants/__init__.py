@@ -5,6 +5,9 @@ stateful :class:`Accountant`; calibrate noise with
 :mod:`privkit.accountants.calibration`.
 """
 
+# objective is imported for its side effect: it registers the rules of
+# L2LaplaceDpEvent and ObjectivePerturbationDpEvent.
+from privkit.accountants import objective as _objective  # noqa: F401
 from privkit.accountants.accountant import (
     Accountant,
     EpsilonReport,

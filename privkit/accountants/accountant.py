@@ -26,18 +26,18 @@ import numpy as np
 from dp_accounting import dp_event
 
 from privkit import _validate
-from privkit.accountants import gaussian, pure, rdp
+from privkit.accountants import gaussian, pure, rdp, rules
 from privkit.accountants import pld as pld_acc
 from privkit.accountants.rules import (
     Composition,
     NeighboringRelation,
     flatten,
     gaussian_rho,
+    only_known_as_pure,
     pure_epsilon,
     rdp_curve,
 )
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
-from privkit.events import PureDpEvent
 
 __all__ = [
     "Method",
@@ -158,8 +158,10 @@ def _assumptions(comp: Composition, relation: Any) -> tuple[str, ...]:
     out = [f"neighbouring relation: {relation.name.lower()}"]
     if any(isinstance(a, dp_event.PoissonSampledDpEvent) for a, _ in comp.atoms):
         out.append("Poisson subsampling whose outcome stays secret (amplification used)")
-    if any(isinstance(a, PureDpEvent) for a, _ in comp.atoms):
-        out.append("each PureDpEvent step is epsilon-DP (dominated by randomized response)")
+    if any(only_known_as_pure(a) for a, _ in comp.atoms):
+        out.append("each pure step is epsilon-DP (dominated by randomized response)")
+    for atom, _ in comp.atoms:
+        out.extend(n for n in rules.notes(atom) if n not in out)
     return tuple(out)
 
 
@@ -214,7 +216,7 @@ def _auto_epsilon(comp: Composition, d: float, relation: Any) -> tuple[float, st
     terms = _pure_terms(comp)
     if terms is not None:
         candidates.append((pure.optimal_epsilon(terms, d), _optimal_label(terms)))
-        if all(isinstance(a, PureDpEvent) for a, _ in comp.atoms):
+        if all(only_known_as_pure(a) for a, _ in comp.atoms):
             return candidates[0]  # PLD of randomized response is the same bound
     if d < pld_acc.MIN_DELTA:
         notes.append(f"pld skipped: delta < {pld_acc.MIN_DELTA:g}")
@@ -276,7 +278,7 @@ def _auto_delta(comp: Composition, e: float, relation: Any) -> tuple[float, str]
         except (UnsupportedEventError, NumericalError):
             pass
     if not (candidates and candidates[0][1].startswith("optimal") and
-            all(isinstance(a, PureDpEvent) for a, _ in comp.atoms)):
+            all(only_known_as_pure(a) for a, _ in comp.atoms)):
         if e <= AUTO_PLD_MAX_EPSILON:
             try:
                 dd = pld_acc.delta(comp, e, pld_acc.VALUE_DISCRETIZATION, relation)
@@ -292,7 +294,7 @@ def auto_prefers_pld(comp: Composition, d: float) -> bool:
     """Whether ``AUTO`` prices ``comp`` with PLD (subsampled or mixed events)."""
     if comp.non_private or comp.empty or _rho_total(comp) is not None:
         return False
-    if all(isinstance(a, PureDpEvent) for a, _ in comp.atoms):
+    if all(only_known_as_pure(a) for a, _ in comp.atoms):
         return False
     return d >= pld_acc.MIN_DELTA
 
@@ -350,9 +352,11 @@ def delta(
 
 def _price_delta(comp: Composition, e: float, m: Method, rel: Any) -> EpsilonReport:
     if comp.non_private:
-        return EpsilonReport(e, 1.0, "non-private (noise 0 or NonPrivateDpEvent)")
+        return EpsilonReport(e, 1.0, "non-private (noise 0 or NonPrivateDpEvent)",
+                             _assumptions(comp, rel))
     if comp.empty or math.isinf(e):
-        return EpsilonReport(e, 0.0, "none (no events)" if comp.empty else "epsilon = inf")
+        return EpsilonReport(e, 0.0, "none (no events)" if comp.empty else "epsilon = inf",
+                             _assumptions(comp, rel))
     d, name = _auto_delta(comp, e, rel) if m is Method.AUTO else _delta_by(comp, e, m, rel)
     if math.isnan(d) or d < 0 or d > 1 + 1e-12:
         raise NumericalError(f"delta came out as {d}; refusing to report it")

@@ -23,6 +23,7 @@ Rules:
 * :func:`pure_epsilon` - epsilon if the atom is pure epsilon-DP; None otherwise.
 * :func:`rdp_curve` - Renyi-DP at the given orders.
 * :func:`pld_of` - a pessimistic dp-accounting PrivacyLossDistribution of one use.
+* :func:`notes` - assumption strings every report containing the atom must carry.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ __all__ = [
     "pure_epsilon",
     "rdp_curve",
     "pld_of",
+    "notes",
+    "randomized_response_rdp",
+    "randomized_response_pld",
     "NeighboringRelation",
 ]
 
@@ -199,6 +203,23 @@ def _(event: dp_event.LaplaceDpEvent) -> float | None:
     return 1.0 / float(event.noise_multiplier)
 
 
+# ------------------------------------------------------- only_known_as_pure
+@functools.singledispatch
+def only_known_as_pure(event: dp_event.DpEvent) -> bool:
+    """True if all that is known of the atom is "epsilon-DP".
+
+    For such atoms the randomized-response dominating pair is the tightest valid
+    description, so optimal composition is as tight as PLD and ``AUTO`` skips PLD.
+    (dp-accounting's ``LaplaceDpEvent`` is not one: its 1-D Laplace PLD is tighter.)
+    """
+    return False
+
+
+@only_known_as_pure.register
+def _(event: PureDpEvent) -> bool:
+    return True
+
+
 # ---------------------------------------------------------------- rdp_curve
 @functools.singledispatch
 def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
@@ -223,16 +244,20 @@ def _(event: dp_event.GaussianDpEvent, orders: np.ndarray, relation: Any) -> np.
     return np.asarray(orders, dtype=np.float64) / (2.0 * float(event.noise_multiplier) ** 2)
 
 
-@rdp_curve.register
-def _(event: PureDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
-    # RDP of randomized response RR(eps), which dominates every eps-DP mechanism:
+def randomized_response_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:
+    """RDP at ``orders`` of RR(epsilon), which dominates every epsilon-DP mechanism."""
     # D_a = log(p^a q^(1-a) + q^a p^(1-a)) / (a - 1), p = e^eps/(1+e^eps).
     a = np.asarray(orders, dtype=np.float64)
-    eps = float(event.epsilon)
+    eps = float(epsilon)
     log_p = -np.logaddexp(0.0, -eps)
     log_q = -np.logaddexp(0.0, eps)
     val = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
     return np.minimum(val, eps)
+
+
+@rdp_curve.register
+def _(event: PureDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    return randomized_response_rdp(event.epsilon, orders)
 
 
 # ------------------------------------------------------------------- pld_of
@@ -261,10 +286,15 @@ def _(event: dp_event.LaplaceDpEvent, vdi: float, relation: Any) -> Any:
     )
 
 
+def randomized_response_pld(epsilon: float, vdi: float) -> Any:
+    """PLD of RR(epsilon), which dominates every epsilon-DP mechanism (KOV 2015)."""
+    params = pld_lib.common.DifferentialPrivacyParameters(float(epsilon), 0.0)
+    return pld_lib.from_privacy_parameters(params, value_discretization_interval=vdi)
+
+
 @pld_of.register
 def _(event: PureDpEvent, vdi: float, relation: Any) -> Any:
-    params = pld_lib.common.DifferentialPrivacyParameters(float(event.epsilon), 0.0)
-    return pld_lib.from_privacy_parameters(params, value_discretization_interval=vdi)
+    return randomized_response_pld(event.epsilon, vdi)
 
 
 @pld_of.register
@@ -287,6 +317,13 @@ def _(event: dp_event.PoissonSampledDpEvent, vdi: float, relation: Any) -> Any:
 def _require_add_remove(relation: Any, what: str) -> None:
     if relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
         raise UnsupportedEventError(f"PLD of {what} is implemented for ADD_OR_REMOVE_ONE only")
+
+
+# -------------------------------------------------------------------- notes
+@functools.singledispatch
+def notes(event: dp_event.DpEvent) -> tuple[str, ...]:
+    """Assumptions a report containing this atom must state (default: none)."""
+    return ()
 
 
 def atoms_of(compositions: Iterable[Composition]) -> set[dp_event.DpEvent]:

@@ -80,8 +80,37 @@ def test_bad_input_one_line_exit_2(args, name, capsys):
     assert name in err
 
 
-def test_demo_and_console_script():
-    proc = subprocess.run([sys.executable, "-m", "privkit.cli", "demo"], capture_output=True,
-                          text=True, timeout=120, check=False)
+def test_demo_and_console_script(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "privkit.cli", "demo", "--out",
+                           str(tmp_path / "demo")], capture_output=True, text=True, timeout=600,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     assert "epsilon" in proc.stdout and "exact" in proc.stdout and "pld" in proc.stdout
+    assert "upcycled" in proc.stdout and "fedprox" in proc.stdout and "fedavg" in proc.stdout
+    assert (tmp_path / "demo" / "report.json").exists()
+    assert (tmp_path / "demo" / "curves_vs_iteration.png").exists()
+
+
+def test_train_upcycled_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "upcycled", "--dataset", "digits:3", "--iterations", "4",
+                 "--epochs", "2", "--compare", "fedprox,fedavg", "--device", "cpu", "--seed",
+                 "1", "--out", str(out), "--json"])
+    assert code == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert set(obj) == {"upcycled", "fedprox", "fedavg"}
+    assert obj["upcycled"]["iteration"] == 4 and obj["fedprox"]["iteration"] == 2
+    assert json.loads((out / "report.json").read_text())["config"]["seed"] == 1
+
+
+@pytest.mark.parametrize("args,name", [
+    (["--mu", "-1"], "mu"), (["--lam", "-0.5"], "lam"), (["--fraction", "0"], "fraction"),
+    (["--stragglers", "1"], "stragglers"), (["--iterations", "0"], "iterations"),
+    (["--dataset", "imagenet"], "dataset"), (["--compare", "scaffold"], "compare"),
+    (["--iterations", "2.5"], "iterations"), (["--device", "tpu"], "device"),
+])
+def test_train_bad_input_one_line_exit_2(args, name, tmp_path, capsys):
+    code = main(["train", "upcycled", "--out", str(tmp_path / "x"), *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and name in err

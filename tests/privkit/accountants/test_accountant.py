@@ -244,3 +244,24 @@ def test_replace_one_relation_passes_through():
     with pytest.raises(UnsupportedEventError):
         epsilon(gaussian_steps_event(1.1, 100, 0.01), 1e-5, Method.RDP,
                 neighboring_relation=NeighboringRelation.REPLACE_ONE)
+
+
+@pytest.mark.parametrize("ev", [
+    E.SelfComposedDpEvent(E.LaplaceDpEvent(2.0), 20),
+    E.SelfComposedDpEvent(E.PoissonSampledDpEvent(0.1, E.LaplaceDpEvent(1.0)), 50),
+    E.ComposedDpEvent([E.GaussianDpEvent(3.0), E.SelfComposedDpEvent(E.LaplaceDpEvent(4.0), 3)]),
+], ids=["laplace", "poisson-laplace", "mixed"])
+def test_pld_interop_matches_dp_accounting(ev):
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(ev)
+    assert eps(ev, m=Method.PLD) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    assert delta(ev, 2.0, Method.PLD).delta == pytest.approx(acc.get_delta(2.0), rel=1e-6)
+
+
+def test_rdp_interop_matches_dp_accounting_for_laplace():
+    from privkit.accountants import rdp
+
+    ev = E.SelfComposedDpEvent(E.LaplaceDpEvent(2.0), 20)
+    acc = rdp_privacy_accountant.RdpAccountant(list(rdp.ORDERS))
+    acc.compose(ev)
+    assert eps(ev, m=Method.RDP) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)

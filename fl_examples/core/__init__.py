@@ -1,0 +1,1 @@
+"""Shared building blocks of the example trainers (data sets, splits and loaders)."""

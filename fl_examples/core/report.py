@@ -1,0 +1,99 @@
+"""The report every trainer writes: ``report.json`` plus PNG plots beside it.
+
+Format (shared by all trainers; later trainers add fields, never rename):
+
+``config``
+    everything needed to rerun, the seed included.
+``algorithms``
+    ``{name: {"history": [evaluation, ...], "final": evaluation, ...}}`` where an
+    evaluation has ``iteration``, ``train_loss``, ``train_accuracy``,
+    ``test_accuracy``, ``wall_time_s`` and ``client_compute_s``; private runs add
+    ``privacy`` (``delta``, ``epsilon_mean``, ``epsilon_max``, ``method``,
+    ``proven``, ``per_client``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from privkit.ledger import atomic_write_bytes
+
+__all__ = ["EVALUATION_KEYS", "write_report", "plot_histories", "progress"]
+
+EVALUATION_KEYS = ("iteration", "train_loss", "train_accuracy", "test_accuracy", "wall_time_s",
+                   "client_compute_s")
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _clean(obj.item())
+    return obj
+
+
+def write_report(out_dir: str | Path, config: Mapping[str, Any],
+                 algorithms: Mapping[str, Mapping[str, Any]], *, plots: bool = True) -> Path:
+    """Write ``report.json`` (atomically) and the plots; returns the report path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    body = {"config": _clean(dict(config)), "algorithms": {}}
+    for name, run in algorithms.items():
+        history = [_clean(dict(h)) for h in run.get("history", [])]
+        entry = {k: _clean(v) for k, v in run.items() if k != "history"}
+        entry["history"] = history
+        entry["final"] = history[-1] if history else None
+        body["algorithms"][name] = entry
+    path = out / "report.json"
+    atomic_write_bytes(path, json.dumps(body, indent=1, allow_nan=False).encode("utf-8"))
+    if plots:
+        plot_histories(out, {n: r.get("history", []) for n, r in algorithms.items()})
+    return path
+
+
+def plot_histories(
+    out_dir: str | Path, histories: Mapping[str, list[Mapping[str, Any]]]
+) -> list[Path]:
+    """Loss and accuracy against iteration and against wall time, one line per algorithm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for x_key, x_label, fname in (("iteration", "iteration", "curves_vs_iteration.png"),
+                                  ("wall_time_s", "wall time (s)", "curves_vs_wall_time.png")):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        for name, hist in histories.items():
+            if not hist:
+                continue
+            xs = [h[x_key] for h in hist]
+            axes[0].plot(xs, [h["train_loss"] for h in hist], label=name)
+            axes[1].plot(xs, [h["train_accuracy"] for h in hist], label=name)
+            axes[2].plot(xs, [h["test_accuracy"] for h in hist], label=name)
+        for ax, title in zip(axes, ("train loss", "train accuracy", "test accuracy")):
+            ax.set_xlabel(x_label)
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+        axes[0].legend()
+        fig.tight_layout()
+        path = Path(out_dir) / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def progress(total: int, desc: str) -> Any:
+    """A progress bar on a terminal, silent otherwise (CI logs stay readable)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, disable=None, dynamic_ncols=True)

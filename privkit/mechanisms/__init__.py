@@ -1,0 +1,51 @@
+"""Mechanisms: clipping, noise samplers and the privacy mechanisms built on them.
+
+Every mechanism is a frozen, validated dataclass whose ``__call__`` takes its
+randomness explicitly (``rng=``: a ``numpy.random.Generator``, a
+``torch.Generator`` or a :class:`SecureRandom`) and whose ``event()`` is the
+privacy event of one use, priced by :func:`privkit.epsilon` or by
+dp-accounting's own accountants where dp-accounting knows the event.
+
+* :class:`GaussianOutputPerturbation` - Upcycled-FL output perturbation (Gaussian).
+* :class:`ObjectivePerturbation` - Upcycled-FL objective perturbation (Thm C.2).
+* :class:`LaplaceGradientNoise` - MAPA / AUDP per-example-clipped gradient noise.
+"""
+
+from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm
+from privkit.mechanisms.gaussian import (
+    GaussianOutputPerturbation,
+    Sensitivity,
+    Solver,
+    trainable_parameters,
+)
+from privkit.mechanisms.laplace import LaplaceGradientNoise, NoiseShape
+from privkit.mechanisms.objective import ObjectivePerturbation
+from privkit.mechanisms.sampling import (
+    SecureRandom,
+    gaussian_noise,
+    l2_laplace_noise,
+    l2_laplace_variance,
+    laplace_noise,
+    num_coordinates,
+    tree_map,
+)
+
+__all__ = [
+    "GaussianOutputPerturbation",
+    "LaplaceGradientNoise",
+    "NoiseShape",
+    "ObjectivePerturbation",
+    "SecureRandom",
+    "Sensitivity",
+    "Solver",
+    "clip_l2",
+    "clip_per_example",
+    "gaussian_noise",
+    "l2_laplace_noise",
+    "l2_laplace_variance",
+    "l2_norm",
+    "laplace_noise",
+    "num_coordinates",
+    "trainable_parameters",
+    "tree_map",
+]

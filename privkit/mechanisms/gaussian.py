@@ -1,0 +1,392 @@
+"""Gaussian output perturbation (Upcycled-FL, Sec. 5 / Thm C.1) with sound sensitivity modes.
+
+A client clips its locally trained model to the L2 ball of radius ``tau`` and
+releases ``xi(w) + n`` with ``n ~ N(0, stddev^2 I)`` (Yin et al., arXiv
+2310.06341, output perturbation on odd steps). One release is the Gaussian
+mechanism with noise multiplier ``z = stddev / Delta``; what ``Delta`` is
+depends on what is known about how ``w`` was produced
+(:class:`Sensitivity`, upcycled_fl.md 3.2):
+
+* ``CLIP_REPLACE_ONE`` (default): ``Delta = 2 tau``. Always valid: two points
+  of a tau-ball are at most 2 tau apart.
+* ``PAPER``: ``Delta = tau / |D_i|``, the assumption behind Thm C.1 (the
+  release is an average of per-example terms of norm <= tau, add-one
+  neighbours). A model trained by SGD and then clipped is *not* such an
+  average, so this mode only reproduces the paper's numbers.
+* ``STRONGLY_CONVEX``: ``Delta = min(2 tau, bound)`` with the bound of the
+  solver (:class:`Solver`) for per-example losses that are convex with gradient
+  norm <= u1 and a rho-strongly convex local objective.
+
+This module also holds the small tree helpers the other mechanisms share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from privkit import _validate
+from privkit.errors import InvalidParameterError
+from privkit.events import GaussianDpEvent
+from privkit.mechanisms.clipping import clip_l2
+from privkit.mechanisms.sampling import gaussian_noise, tree_map
+
+__all__ = [
+    "Sensitivity",
+    "Solver",
+    "GaussianOutputPerturbation",
+    "trainable_parameters",
+]
+
+
+class Sensitivity(enum.Enum):
+    """How the L2 sensitivity of a clipped, locally trained model is bounded."""
+
+    #: 2 tau: any two points of the clipping ball (always valid; the default).
+    CLIP_REPLACE_ONE = "clip_replace_one"
+    #: tau / |D_i|: Upcycled-FL Thm C.1's assumption (reproduces the paper only).
+    PAPER = "paper"
+    #: min(2 tau, solver bound) for convex, u1-Lipschitz losses, rho-strongly convex objective.
+    STRONGLY_CONVEX = "strongly_convex"
+
+
+class Solver(enum.Enum):
+    """How the local problem is solved; picks the ``STRONGLY_CONVEX`` bound."""
+
+    #: exact minimiser: 2 u1 / (|D_i| rho).
+    EXACT = "exact"
+    #: plain full-batch gradient descent from the common start: 2 u1 / (|D_i| rho).
+    FULL_BATCH_GD = "full_batch_gd"
+    #: plain minibatch SGD with b distinct records per batch: 2 u1 / (b rho).
+    MINIBATCH_SGD = "minibatch_sgd"
+    #: a solver certified to stop within e of the minimiser: 2 u1 / (|D_i| rho) + 2 e.
+    CERTIFIED = "certified"
+
+
+# ------------------------------------------------------------ tree helpers
+# Shared by gaussian.py, objective.py and laplace.py (private to privkit.mechanisms).
+def _torch() -> Any:
+    """The torch module if it has been imported (no tensor can exist otherwise)."""
+    return sys.modules.get("torch")
+
+
+def _leaves(tree: Any) -> list[Any]:
+    out: list[Any] = []
+
+    def grab(x: Any) -> Any:
+        out.append(x)
+        return x
+
+    tree_map(grab, tree)
+    return out
+
+
+def _is_float_leaf(x: Any) -> bool:
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind == "f"
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def _check_tree(name: str, tree: Any, *, nonempty: bool = True) -> list[Any]:
+    """Every leaf a floating numpy array or torch tensor, and (if nonempty) one coordinate."""
+    try:
+        leaves = _leaves(tree)
+    except (TypeError, ValueError) as exc:  # InvalidParameterError is a ValueError
+        raise InvalidParameterError(
+            name, type(tree).__name__,
+            f"a numpy array, torch tensor or list/tuple/dict of them ({exc})") from None
+    for x in leaves:
+        if not _is_float_leaf(x):
+            what = getattr(x, "dtype", type(x).__name__)
+            raise InvalidParameterError(
+                name, what, "floating-point numpy arrays or torch tensors in every leaf")
+    if nonempty:
+        if not leaves:
+            raise InvalidParameterError(name, "an empty tree", "at least one coordinate")
+        for x in leaves:
+            if 0 in tuple(x.shape):
+                raise InvalidParameterError(
+                    name, f"a leaf of shape {tuple(x.shape)}", "non-empty leaves")
+    return leaves
+
+
+def _to_float64(x: Any) -> Any:
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.to(torch.float64)
+    return np.asarray(x, dtype=np.float64)
+
+
+def _cast_like(x: Any, like: Any) -> Any:
+    if isinstance(like, np.ndarray):
+        return np.asarray(x, dtype=like.dtype)
+    return x.to(like.dtype)
+
+
+def _add_noise(values: Any, noise: Any, noise_scale: float) -> Any:
+    """``values + noise_scale * noise`` leafwise, added in float64 and cast back."""
+
+    def add(x: Any, n: Any) -> Any:
+        return _cast_like(_to_float64(x) + noise_scale * _to_float64(n), x)
+
+    return tree_map(add, values, noise)
+
+
+@contextlib.contextmanager
+def _no_grad() -> Iterator[None]:
+    """torch.no_grad() when torch is loaded: released models carry no autograd graph."""
+    torch = _torch()
+    if torch is None:
+        yield
+    else:
+        with torch.no_grad():
+            yield
+
+
+def _check_noise_scale(value: Any) -> float:
+    # Audit knob: multiplies the noise, never the claimed privacy; 0 (no noise) is allowed.
+    return _validate.nonnegative("_noise_scale", value)
+
+
+def _check_enum(name: str, value: Any, cls: type[enum.Enum]) -> None:
+    if not isinstance(value, cls):
+        raise InvalidParameterError(name, value, f"a {cls.__name__} member")
+
+
+def _optional(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
+    return None if value is None else check(name, value)
+
+
+# ------------------------------------------------------------ the mechanism
+@dataclass(frozen=True)
+class GaussianOutputPerturbation:
+    """Clip a whole model (any tree) to ``l2_clip_norm``; add Gaussian noise to every coordinate.
+
+    Upcycled-FL output perturbation (Yin et al., arXiv 2310.06341, Sec. 5, Thm
+    C.1): ``w_hat = xi(w) + n``, ``xi(w) = w / max(1, ||w||_2 / tau)``,
+    ``n ~ N(0, stddev^2 I)``, ``stddev = noise_multiplier * sensitivity``. One
+    call is a Gaussian mechanism, priced exactly by
+    ``privkit.epsilon(GaussianDpEvent(noise_multiplier), delta)``.
+
+    Sensitivity (L2, in the parameters' units; upcycled_fl.md 3.2):
+
+    * ``CLIP_REPLACE_ONE``: ``2 tau``, valid for any training procedure.
+    * ``PAPER``: ``tau / dataset_size``. This is Thm C.1's assumption that the
+      clipped model is an average ``(1/|D|) sum_d eta(d)`` of per-example terms
+      with ``||eta|| <= tau`` (add-one neighbours); it does not hold for a model
+      trained by SGD and then clipped. Use it only to reproduce the paper.
+    * ``STRONGLY_CONVEX``: ``min(2 tau, bound)``, for per-example losses that are
+      convex with gradient norm <= u1 (``lipschitz``) and a local objective that
+      is rho-strongly convex (``strong_convexity``, rho >= proximal mu):
+
+      - ``Solver.EXACT`` or ``FULL_BATCH_GD`` (plain steps, step size <=
+        2/(beta + 2 mu), common start): ``2 u1 / (|D_i| rho)``;
+      - ``Solver.MINIBATCH_SGD`` (plain steps, b distinct records per batch):
+        ``2 u1 / (b rho)``, because the differing record may be in every batch;
+      - ``Solver.CERTIFIED`` (stops within ``certified_error`` e of the
+        minimiser, e.g. ``||grad J|| <= rho e``): ``2 u1 / (|D_i| rho) + 2 e``.
+
+      Clipping is a projection (1-Lipschitz), hence the min. Momentum, dropout
+      or a non-convex model void these bounds.
+
+    Only what is passed is noised: use :func:`trainable_parameters` for a torch
+    module (buffers such as BatchNorm statistics are never included).
+
+    Attributes:
+        l2_clip_norm: tau, L2 radius (parameter units) of the clip, finite and > 0.
+        noise_multiplier: z = stddev / sensitivity (unitless), finite and > 0.
+        sensitivity_mode: a :class:`Sensitivity` (default ``CLIP_REPLACE_ONE``).
+        dataset_size: |D_i|, records of the client (``PAPER``, ``STRONGLY_CONVEX``).
+        lipschitz: u1, bound on per-example gradient norms (``STRONGLY_CONVEX``).
+        strong_convexity: rho, strong convexity of the local objective (``STRONGLY_CONVEX``).
+        solver: a :class:`Solver` (``STRONGLY_CONVEX`` only; default ``EXACT``).
+        batch_size: b, records per minibatch (``Solver.MINIBATCH_SGD``), 1 <= b <= |D_i|.
+        certified_error: e >= 0, certified distance to the minimiser (``Solver.CERTIFIED``).
+
+    Raises:
+        InvalidParameterError: a bad value, a field the mode needs but lacks, or a
+            field given that the mode does not use (each names the field).
+
+    Example:
+        >>> import numpy as np
+        >>> mech = GaussianOutputPerturbation(l2_clip_norm=1.0, noise_multiplier=2.0)
+        >>> mech.sensitivity, mech.stddev
+        (2.0, 4.0)
+        >>> model = {"w": np.full(3, 10.0, dtype=np.float32), "b": np.zeros(1, np.float32)}
+        >>> out = mech(model, rng=np.random.default_rng(0))
+        >>> sorted(out), out["w"].shape, out["w"].dtype
+        (['b', 'w'], (3,), dtype('float32'))
+        >>> mech.event()
+        GaussianDpEvent(noise_multiplier=2.0)
+        >>> paper = GaussianOutputPerturbation.from_stddev(
+        ...     10.0, 0.8, sensitivity_mode=Sensitivity.PAPER, dataset_size=224)
+        >>> round(paper.noise_multiplier, 6)
+        17.92
+    """
+
+    l2_clip_norm: float
+    noise_multiplier: float
+    sensitivity_mode: Sensitivity = Sensitivity.CLIP_REPLACE_ONE
+    dataset_size: int | None = None
+    lipschitz: float | None = None
+    strong_convexity: float | None = None
+    solver: Solver = Solver.EXACT
+    batch_size: int | None = None
+    certified_error: float | None = None
+    _noise_scale: float = field(default=1.0, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("l2_clip_norm", _validate.positive("l2_clip_norm", self.l2_clip_norm))
+        put("noise_multiplier", _validate.positive("noise_multiplier", self.noise_multiplier))
+        put("_noise_scale", _check_noise_scale(self._noise_scale))
+        _check_enum("sensitivity_mode", self.sensitivity_mode, Sensitivity)
+        _check_enum("solver", self.solver, Solver)
+        put("dataset_size", _optional("dataset_size", self.dataset_size, _validate.positive_int))
+        put("lipschitz", _optional("lipschitz", self.lipschitz, _validate.positive))
+        put("strong_convexity",
+            _optional("strong_convexity", self.strong_convexity, _validate.positive))
+        put("batch_size", _optional("batch_size", self.batch_size, _validate.positive_int))
+        put("certified_error",
+            _optional("certified_error", self.certified_error, _validate.nonnegative))
+
+        mode = self.sensitivity_mode
+        needed: tuple[str, ...] = ()
+        if mode is Sensitivity.PAPER:
+            needed = ("dataset_size",)
+        elif mode is Sensitivity.STRONGLY_CONVEX:
+            needed = ("dataset_size", "lipschitz", "strong_convexity")
+            if self.solver is Solver.MINIBATCH_SGD:
+                needed += ("batch_size",)
+            if self.solver is Solver.CERTIFIED:
+                needed += ("certified_error",)
+        for name in needed:
+            if getattr(self, name) is None:
+                raise InvalidParameterError(name, None, f"given for {mode} with {self.solver}"
+                                            if mode is Sensitivity.STRONGLY_CONVEX
+                                            else f"given for {mode}")
+        for name in ("dataset_size", "lipschitz", "strong_convexity", "batch_size",
+                     "certified_error"):
+            if name not in needed and getattr(self, name) is not None:
+                raise InvalidParameterError(
+                    name, getattr(self, name),
+                    f"None: {mode} with {self.solver} does not use it (it would be ignored)")
+        if mode is not Sensitivity.STRONGLY_CONVEX and self.solver is not Solver.EXACT:
+            raise InvalidParameterError(
+                "solver", self.solver, f"Solver.EXACT (the default): {mode} does not use it")
+        if self.batch_size is not None and self.batch_size > self.dataset_size:  # type: ignore[operator]
+            raise InvalidParameterError(
+                "batch_size", self.batch_size, f"<= dataset_size = {self.dataset_size}")
+        s = self.sensitivity
+        if not (np.isfinite(s) and s > 0 and np.isfinite(self.noise_multiplier * s)):
+            raise InvalidParameterError(
+                "noise_multiplier", self.noise_multiplier,
+                f"such that stddev = noise_multiplier * sensitivity ({s!r}) is finite and > 0")
+
+    @classmethod
+    def from_stddev(
+        cls, l2_clip_norm: float, stddev: float, **kw: Any
+    ) -> GaussianOutputPerturbation:
+        """Build from an absolute stddev (the paper's sigma): noise_multiplier = stddev / Delta.
+
+        Args:
+            l2_clip_norm: tau, finite and > 0.
+            stddev: absolute noise standard deviation (parameter units), finite and > 0.
+            **kw: the other fields (mode, dataset_size, ...).
+
+        Example:
+            >>> m = GaussianOutputPerturbation.from_stddev(1.0, 3.0)
+            >>> m.noise_multiplier, m.sensitivity
+            (1.5, 2.0)
+        """
+        sd = _validate.positive("stddev", stddev)
+        probe = cls(l2_clip_norm, 1.0, **kw)
+        return dataclasses.replace(probe, noise_multiplier=sd / probe.sensitivity)
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity Delta of one release (parameter units), per the mode."""
+        tau = self.l2_clip_norm
+        mode = self.sensitivity_mode
+        if mode is Sensitivity.CLIP_REPLACE_ONE:
+            return 2.0 * tau
+        n = float(self.dataset_size)  # type: ignore[arg-type]
+        if mode is Sensitivity.PAPER:
+            return tau / n
+        u1, rho = float(self.lipschitz), float(self.strong_convexity)  # type: ignore[arg-type]
+        if self.solver is Solver.MINIBATCH_SGD:
+            bound = 2.0 * u1 / (float(self.batch_size) * rho)  # type: ignore[arg-type]
+        else:
+            bound = 2.0 * u1 / (n * rho)
+            if self.solver is Solver.CERTIFIED:
+                bound += 2.0 * float(self.certified_error)  # type: ignore[arg-type]
+        return min(2.0 * tau, bound)
+
+    @property
+    def stddev(self) -> float:
+        """Absolute noise standard deviation per coordinate: noise_multiplier * sensitivity."""
+        return self.noise_multiplier * self.sensitivity
+
+    def __call__(self, tree: Any, *, rng: Any) -> Any:
+        """Clip ``tree`` as one vector to ``l2_clip_norm``; add N(0, stddev^2) to each coordinate.
+
+        Args:
+            tree: a numpy array, torch tensor, or list/tuple/dict of them (e.g.
+                ``trainable_parameters(model)``), floating point, non-empty, finite.
+            rng: ``numpy.random.Generator``, ``torch.Generator`` or
+                ``privkit.mechanisms.sampling.SecureRandom``.
+
+        Returns:
+            A new tree of the same structure, shapes, dtypes and devices (noise
+            added in float64, then cast back), with no autograd history.
+        """
+        _check_tree("tree", tree)
+        stddev = self.noise_multiplier * self.sensitivity
+        if stddev != self.stddev:  # the accounted multiplier is the one used (Opacus #11)
+            raise AssertionError("stddev != noise_multiplier * sensitivity")
+        with _no_grad():
+            clipped = clip_l2(tree, self.l2_clip_norm)
+            noise = gaussian_noise(clipped, stddev, rng=rng)
+            return _add_noise(clipped, noise, self._noise_scale)
+
+    def event(self) -> GaussianDpEvent:
+        """The dp-accounting event of one release: ``GaussianDpEvent(noise_multiplier)``."""
+        return GaussianDpEvent(self.noise_multiplier)
+
+
+def trainable_parameters(module: Any) -> dict[str, Any]:
+    """The parameters of a torch module that require gradients, by name; never buffers.
+
+    Args:
+        module: a ``torch.nn.Module`` with at least one trainable parameter.
+
+    Returns:
+        ``{name: parameter}`` in ``named_parameters()`` order (the tensors
+        themselves, not copies).
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+        >>> net[1].weight.requires_grad_(False)  # doctest: +ELLIPSIS
+        Parameter containing:...
+        >>> list(trainable_parameters(net))
+        ['0.weight', '0.bias', '1.bias']
+    """
+    torch = _torch()
+    if torch is None or not isinstance(module, torch.nn.Module):
+        raise InvalidParameterError("module", type(module).__name__, "a torch.nn.Module")
+    params = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    if not params:
+        raise InvalidParameterError("module", type(module).__name__,
+                                    "a module with at least one trainable parameter")
+    return params

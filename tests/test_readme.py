@@ -21,7 +21,8 @@ def blocks(lang: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("name,code", blocks("python"), ids=lambda x: x if "#" in x else "")
-def test_python_block_runs(name, code):
+def test_python_block_runs(name, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples may write files
     exec(compile(code, name, "exec"), {"__name__": "__readme__"})
 
 
@@ -30,7 +31,8 @@ CLI_LINES = [(n, line[2:].split()[1:]) for n, code in blocks("console")
 
 
 @pytest.mark.parametrize("name,argv", CLI_LINES, ids=lambda x: x if isinstance(x, str) else "")
-def test_cli_line_runs(name, argv, capsys):
+def test_cli_line_runs(name, argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # e.g. --out runs/...
     assert main(argv) == 0
     assert capsys.readouterr().out.strip()
 

@@ -29,8 +29,10 @@ import torch
 
 from fl_examples.core import checkpoint
 from fl_examples.core.data import FederatedDataset, Split, parse_dataset_spec
+from fl_examples.core.deep_models import CNN
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import MLP, MultinomialLogReg
+from fl_examples.core.privacy import PRIVACY_KINDS, BudgetStop, PrivacyPlan, calibrate
 from fl_examples.core.report import progress, write_report
 from fl_examples.core.rounds import (
     aggregate,
@@ -45,6 +47,7 @@ from fl_examples.core.rounds import (
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit.errors import InvalidParameterError
+from privkit.ledger import Ledger, LedgerPointer
 
 __all__ = ["ALGORITHMS", "UpcycledConfig", "run_algorithm", "train", "extrapolation",
            "final_table"]
@@ -58,7 +61,8 @@ class UpcycledConfig:
 
     Attributes:
         dataset: a dataset spec (see :func:`fl_examples.core.data.parse_dataset_spec`).
-        model: ``logreg`` (multinomial logistic regression) or ``mlp``.
+        model: ``logreg`` (multinomial logistic regression), ``mlp`` (784-196-10 shape) or
+            ``cnn`` (the paper's FEMNIST CNN: 3x3 conv, 3 channels, linear 1000 and 100).
         mu: FedProx proximal coefficient (>= 0).
         lam: lambda of the even step (> 0 unless mu = 0); c = mu / (mu + lambda_m).
         lam_schedule: ``constant`` (lambda_m = lam, the paper's experiments) or ``sqrt``
@@ -73,6 +77,22 @@ class UpcycledConfig:
         device: ``auto``, ``cpu`` or ``cuda``.
         eval_every: evaluate every this many iterations (and at the last one).
         checkpoint_every: checkpoint every this many iterations (0 = never).
+        privacy: ``none``, ``output`` (clip the uploaded model to ``l2_clip_norm`` and add
+            N(0, ``stddev``^2) on odd iterations) or ``objective`` (a linear term with density
+            ~ exp(-``alpha`` ||n||) in the local objective on odd iterations).
+        sensitivity: output perturbation's sensitivity: ``replace-one`` (2 tau, default),
+            ``paper`` (tau/|D_i|, Thm C.1's assumption) or ``strongly-convex`` (needs
+            ``lipschitz``, momentum 0 and logreg).
+        delta: the delta every epsilon is reported at (the paper's 1e-3).
+        epsilon_budget: per-client budget; the run stops before a client would exceed it.
+        allow_unproven: run objective perturbation although Thm C.2 does not hold here (SGD is
+            not an exact minimiser); its epsilon is then marked NOT PROVEN.
+        noise_for_epsilon: calibrate ``stddev`` (output) or ``alpha`` (objective) so that the
+            run ends at this mean (``noise_target="mean"``) or max epsilon.
+        baseline_iterations: iterations of the baselines in a comparison: ``half`` (the same
+            number of data rounds, as in the paper's Table 1), ``same`` (the same number of
+            iterations, as in its privacy experiments: FedProx then leaks twice as often), or
+            ``auto`` (half without privacy, same with).
     """
 
     dataset: str = "synthetic:0.5,0.5"
@@ -91,6 +111,18 @@ class UpcycledConfig:
     device: str = "auto"
     eval_every: int = 1
     checkpoint_every: int = 0
+    privacy: str = "none"
+    sensitivity: str = "replace-one"
+    l2_clip_norm: float = 10.0
+    stddev: float = 1.0
+    alpha: float = 20.0
+    lipschitz: float | None = None
+    delta: float = 1e-3
+    epsilon_budget: float | None = None
+    allow_unproven: bool = False
+    noise_for_epsilon: float | None = None
+    noise_target: str = "mean"
+    baseline_iterations: str = "auto"
 
     def __post_init__(self) -> None:
         _validate.nonnegative("mu", self.mu)
@@ -99,8 +131,8 @@ class UpcycledConfig:
             raise InvalidParameterError("lam", self.lam, "> 0 when mu > 0")
         if self.lam_schedule not in ("constant", "sqrt"):
             raise InvalidParameterError("lam_schedule", self.lam_schedule, "constant or sqrt")
-        if self.model not in ("logreg", "mlp"):
-            raise InvalidParameterError("model", self.model, "logreg or mlp")
+        if self.model not in ("logreg", "mlp", "cnn"):
+            raise InvalidParameterError("model", self.model, "logreg, mlp or cnn")
         _validate.positive_int("iterations", self.iterations)
         _validate.probability("fraction", self.fraction)
         s = _validate.real("stragglers", self.stragglers)
@@ -115,6 +147,28 @@ class UpcycledConfig:
         _validate.nonnegative_int("seed", self.seed)
         _validate.positive_int("eval_every", self.eval_every)
         _validate.nonnegative_int("checkpoint_every", self.checkpoint_every)
+        if self.privacy not in PRIVACY_KINDS:
+            raise InvalidParameterError("privacy", self.privacy, "none, output or objective")
+        _validate.positive("l2_clip_norm", self.l2_clip_norm)
+        _validate.positive("stddev", self.stddev)
+        _validate.positive("alpha", self.alpha)
+        _validate.delta("delta", self.delta)
+        if self.epsilon_budget is not None:
+            _validate.positive("epsilon_budget", self.epsilon_budget)
+        if self.noise_for_epsilon is not None:
+            _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
+            if self.privacy == "none":
+                raise InvalidParameterError("noise_for_epsilon", self.noise_for_epsilon,
+                                            "used with --privacy output or objective")
+        if self.noise_target not in ("mean", "max"):
+            raise InvalidParameterError("noise_target", self.noise_target, "mean or max")
+        if self.privacy == "objective" and not self.mu > 0:
+            raise InvalidParameterError("mu", self.mu, "> 0 for objective perturbation")
+        if self.lipschitz is not None:
+            _validate.positive("lipschitz", self.lipschitz)
+        if self.baseline_iterations not in ("auto", "half", "same"):
+            raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
+                                        "auto, half or same")
 
 
 def extrapolation(cfg: UpcycledConfig, m: int) -> float:
@@ -128,6 +182,13 @@ def extrapolation(cfg: UpcycledConfig, m: int) -> float:
 def _model(cfg: UpcycledConfig, ds: FederatedDataset) -> Any:
     if cfg.model == "mlp":
         return MLP(ds.num_features, 196, ds.num_classes)
+    if cfg.model == "cnn":
+        side = math.isqrt(ds.num_features)
+        if side * side != ds.num_features:
+            raise InvalidParameterError("model", "cnn", "used with square images (e.g. 28x28 "
+                                        f"FEMNIST/MNIST or 8x8 digits), not {ds.num_features} "
+                                        "features")
+        return CNN(image_size=side, channels=3, hidden=(1000, 100), num_classes=ds.num_classes)
     return MultinomialLogReg(ds.num_features, ds.num_classes)
 
 
@@ -135,7 +196,8 @@ class _Run:
     """State of one algorithm's run (the model pair and its history)."""
 
     def __init__(self, algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
-                 device: torch.device) -> None:
+                 device: torch.device, plan: PrivacyPlan | None = None,
+                 ledger: Ledger | None = None) -> None:
         if algorithm not in ALGORITHMS:
             raise InvalidParameterError("algorithm", algorithm, f"one of {', '.join(ALGORITHMS)}")
         self.algorithm, self.cfg, self.ds, self.device = algorithm, cfg, ds, device
@@ -152,6 +214,8 @@ class _Run:
         self.history: list[dict[str, Any]] = []
         self.wall = 0.0
         self.compute = 0.0
+        self.plan, self.ledger = plan, ledger
+        self.stopped: str | None = None
 
     # -- one iteration ----------------------------------------------------------------------
     def data_round(self, t: int) -> int:
@@ -177,6 +241,14 @@ class _Run:
             sel, epochs = sel[~strag], epochs[~strag]
             if len(sel) == 0:
                 return {k: v.clone() for k, v in self.w.items()}
+        linear = noise = None
+        if self.plan is not None and self.ledger is not None:
+            # Write-ahead: charge every participating client before any noise is drawn.
+            self.plan.charge(self.ledger, sel.tolist(), round_=r, run_id=self.algorithm)
+            noise = self.tree.torch(r, "noise", self.device)
+            if self.plan.kind == "objective":
+                terms = [self.plan.mechanism(int(c)).linear_term(self.w, rng=noise) for c in sel]
+                linear = {k: torch.stack([t[k] for t in terms]) for k in self.w}
         idx = torch.as_tensor(sel, device=self.device)
         data = select(self.train, idx)
         mu = 0.0 if self.algorithm == "fedavg" else cfg.mu
@@ -185,8 +257,12 @@ class _Run:
             self.model, broadcast(self.w, len(sel)), self.w, data,
             epochs=torch.as_tensor(epochs, device=self.device), batch_size=cfg.batch_size,
             lr=cfg.lr, momentum=cfg.momentum, proximal_mu=mu,
-            generator=self.tree.torch(r, "batches", self.device),
+            generator=self.tree.torch(r, "batches", self.device), linear_term=linear,
         )
+        if self.plan is not None and self.plan.kind == "output":
+            released = [self.plan.mechanism(int(c))({k: v[j] for k, v in local.items()}, rng=noise)
+                        for j, c in enumerate(sel)]
+            local = {k: torch.stack([rel[k] for rel in released]) for k in local}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.compute += time.perf_counter() - t0
@@ -212,6 +288,7 @@ class _Run:
         checkpoint.save(directory, self.iteration, tensors, {
             "algorithm": self.algorithm, "config": dataclasses.asdict(self.cfg),
             "history": self.history, "wall_time_s": self.wall, "client_compute_s": self.compute,
+            "ledger_pointer": self.ledger.head().to_dict() if self.ledger is not None else None,
         })
 
     def restore(self, directory: Path) -> None:
@@ -230,6 +307,11 @@ class _Run:
         self.iteration = int(state["round"])
         self.history = list(state["history"])
         self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
+        if self.ledger is not None:
+            # The ledger never forgets: charges made after this checkpoint (a crash between a
+            # charge and the next checkpoint) are kept; the resumed run forks from here.
+            self.ledger.verify_pointer(LedgerPointer.from_dict(state["ledger_pointer"]),
+                                       fork=True, run_id=self.algorithm)
 
 
 def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
@@ -242,14 +324,23 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     ``stop_after`` ends the run early after that many iterations (to test resuming).
     """
     device = resolve_device(cfg.device)
-    run = _Run(algorithm, cfg, ds, device)
+    plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
+    ledger = _open_ledger(algorithm, cfg, out) if plan is not None else None
+    run = _Run(algorithm, cfg, ds, device, plan, ledger)
     ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
     if resume and ckpt_dir is not None and checkpoint.latest_round(ckpt_dir) is not None:
         run.restore(ckpt_dir)
     bar = progress(iterations - run.iteration, desc=algorithm)
     try:
         while run.iteration < iterations:
-            run.step()
+            try:
+                run.step()
+            except BudgetStop as stop:
+                run.stopped = (f"stopped before iteration {run.iteration + 1}: {stop}; "
+                               f"budget {cfg.epsilon_budget}")
+                if not run.history or run.history[-1]["iteration"] != run.iteration:
+                    run.evaluate()
+                break
             bar.update(1)
             if run.iteration % cfg.eval_every == 0 or run.iteration == iterations:
                 row = run.evaluate()
@@ -261,7 +352,78 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
                 break
     finally:
         bar.close()
-    return {"history": run.history, "model": {k: v.detach().cpu() for k, v in run.w.items()}}
+    result: dict[str, Any] = {"history": run.history,
+                              "model": {k: v.detach().cpu() for k, v in run.w.items()}}
+    if plan is not None and ledger is not None:
+        result["privacy"] = plan.report(ledger, ds.num_clients) | calibration
+        if run.stopped:
+            result["privacy"]["stopped"] = run.stopped
+    return result
+
+
+def planned_releases(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
+                     iterations: int) -> list[int]:
+    """Releases each client will make in a run (client sampling comes from the seed tree)."""
+    tree = SeedTree(cfg.seed)
+    rounds = (iterations + 1) // 2 if algorithm == "upcycled" else iterations
+    counts = [0] * ds.num_clients
+    for r in range(1, rounds + 1):
+        sel = sample_clients(tree, r, ds.num_clients, cfg.fraction)
+        _, strag = straggler_epochs(tree, r, len(sel), cfg.stragglers, cfg.local_epochs)
+        for c in (sel[~strag] if algorithm == "fedavg" else sel):
+            counts[int(c)] += 1
+    return counts
+
+
+def _plan_for(cfg: UpcycledConfig, ds: FederatedDataset, algorithm: str,
+              noise: float | None = None) -> PrivacyPlan:
+    stddev = noise if (noise is not None and cfg.privacy == "output") else cfg.stddev
+    alpha = noise if (noise is not None and cfg.privacy == "objective") else cfg.alpha
+    return PrivacyPlan(
+        kind=cfg.privacy, sizes=tuple(int(n) for n in ds.train_sizes),
+        l2_clip_norm=cfg.l2_clip_norm, stddev=stddev, sensitivity=cfg.sensitivity, alpha=alpha,
+        proximal_mu=0.0 if algorithm == "fedavg" else cfg.mu, lipschitz_model=cfg.lipschitz,
+        batch_size=cfg.batch_size, momentum=cfg.momentum, allow_unproven=cfg.allow_unproven,
+        glm=cfg.model == "logreg")
+
+
+def _privacy_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iterations: int
+                  ) -> tuple[PrivacyPlan | None, dict[str, Any]]:
+    if cfg.privacy == "none":
+        return None, {}
+    if cfg.privacy == "objective" and algorithm == "fedavg":
+        raise InvalidParameterError("compare", "fedavg",
+                                    "not combined with objective perturbation (it needs mu > 0)")
+    if cfg.noise_for_epsilon is None:
+        return _plan_for(cfg, ds, algorithm), {}
+    counts = planned_releases(algorithm, cfg, ds, iterations)
+    x, eps = calibrate(lambda v: _plan_for(cfg, ds, algorithm, v), counts,
+                       target=cfg.noise_for_epsilon, delta=cfg.delta,
+                       statistic=cfg.noise_target,
+                       larger_is_more_private=cfg.privacy == "output")
+    info = {"calibrated": {"parameter": "stddev" if cfg.privacy == "output" else "alpha",
+                           "value": x, "target_epsilon": cfg.noise_for_epsilon,
+                           "statistic": cfg.noise_target, "planned_epsilon": eps}}
+    return _plan_for(cfg, ds, algorithm, x), info
+
+
+def _open_ledger(algorithm: str, cfg: UpcycledConfig, out: Path | None) -> Ledger:
+    """One ledger per (output directory, algorithm); reopening never resets spend."""
+    population = f"{cfg.dataset}|seed={cfg.seed}|{algorithm}"
+    if out is None:
+        return Ledger.create(None, population_id=population, delta=cfg.delta,
+                             epsilon_budget=cfg.epsilon_budget)
+    path = out / f"ledger-{algorithm}.jsonl"
+    if path.exists():
+        led = Ledger.open(path)
+        if led.population_id != population or led.delta != cfg.delta:
+            raise InvalidParameterError(
+                "out", str(out), f"a directory whose {path.name} belongs to this run "
+                f"(it holds population {led.population_id!r}); use a new --out")
+        return led
+    out.mkdir(parents=True, exist_ok=True)
+    return Ledger.create(path, population_id=population, delta=cfg.delta,
+                         epsilon_budget=cfg.epsilon_budget)
 
 
 def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path | None = None,
@@ -269,7 +431,8 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
     """Run ``algorithm`` (default Upcycled-FL) and the ``compare`` baselines; write the report.
 
     Baselines in a comparison with Upcycled-FL run ``iterations // 2`` rounds (the paper's
-    80/80/160), so every algorithm makes the same number of data-touching rounds.
+    80/80/160, the same number of data rounds) or ``iterations`` (private runs, the paper's
+    privacy experiments): see ``UpcycledConfig.baseline_iterations``.
     """
     for name in (algorithm, *compare):
         if name not in ALGORITHMS:
@@ -278,11 +441,16 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
     out_path = Path(out) if out is not None else None
     results: dict[str, Any] = {}
     for name in dict.fromkeys((algorithm, *compare)):
-        iters = cfg.iterations if (name == "upcycled" or algorithm != "upcycled") \
+        half = cfg.baseline_iterations == "half" or (
+            cfg.baseline_iterations == "auto" and cfg.privacy == "none")
+        iters = cfg.iterations if (name == "upcycled" or algorithm != "upcycled" or not half) \
             else max(cfg.iterations // 2, 1)
         res = run_algorithm(name, cfg, ds, iterations=iters, out=out_path, resume=resume)
+        done = res["history"][-1]["iteration"] if res["history"] else 0
         results[name] = {"history": res["history"], "iterations": iters,
-                         "data_rounds": (iters + 1) // 2 if name == "upcycled" else iters}
+                         "data_rounds": (done + 1) // 2 if name == "upcycled" else done}
+        if "privacy" in res:
+            results[name]["privacy"] = res["privacy"]
         results[name]["_model"] = res["model"]
     config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
                                         "dataset_description": ds.description,
@@ -294,14 +462,25 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
 
 
 def final_table(result: dict[str, Any]) -> str:
-    """A short text table of each algorithm's last evaluation."""
+    """A short text table of each algorithm's last evaluation (and epsilon, if private)."""
     lines = [f"{'algorithm':<10} {'iters':>6} {'data rounds':>11} {'train loss':>10} "
              f"{'train acc':>9} {'test acc':>8} {'wall s':>8} {'client s':>8}"]
+    notes = []
     for name, r in result["algorithms"].items():
         f = r["history"][-1]
-        lines.append(f"{name:<10} {r['iterations']:>6} {r['data_rounds']:>11} "
+        lines.append(f"{name:<10} {f['iteration']:>6} {r['data_rounds']:>11} "
                      f"{f['train_loss']:>10.4f} {f['train_accuracy']:>9.4f} "
                      f"{f['test_accuracy']:>8.4f} {f['wall_time_s']:>8.2f} "
                      f"{f['client_compute_s']:>8.2f}")
-    return "\n".join(lines)
+        if "privacy" in r:
+            p = r["privacy"]
+            mark = "" if p["proven"] else "  [NOT PROVEN]"
+            detail = (f"sensitivity {p['sensitivity']} ({p['sensitivity_formula']})"
+                      if p["mechanism"] == "gaussian_output_perturbation"
+                      else f"alpha {p['alpha']:.4g}")
+            notes.append(f"{name}: eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} "
+                         f"at delta={p['delta']:g} [{p['method']}], {detail}{mark}"
+                         + (f"\n  {p['stopped']}" if "stopped" in p else ""))
+    return "\n".join(lines + (["", "privacy (per client, upper bounds):"] + notes
+                              if notes else []))
 

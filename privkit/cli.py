@@ -90,6 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from fl_examples import cli as fl_cli
 
     fl_cli.add_train_parser(sub, _Parser)
+    fl_cli.add_report_parser(sub, _Parser)
 
     au = sub.add_parser(
         "audit", help="statistical audit: empirical lower bound on a mechanism's epsilon",
@@ -188,6 +189,12 @@ def _cmd_demo(a: argparse.Namespace) -> None:
         fl_cli.demo_trainers(a.out)
 
 
+def _cmd_report(a: argparse.Namespace) -> int:
+    from fl_examples import cli as fl_cli
+
+    return fl_cli.run_report(a)
+
+
 def _cmd_train(a: argparse.Namespace) -> None:
     from fl_examples import cli as fl_cli
 
@@ -227,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         commands = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo,
-                    "audit": _cmd_audit, "train": _cmd_train}
+                    "audit": _cmd_audit, "train": _cmd_train, "report": _cmd_report}
         code = commands[args.command](args)
     except PrivkitError as exc:
         print(f"privkit: error: {exc}", file=sys.stderr)

@@ -432,6 +432,12 @@ class Ledger:
             eps = self._epsilons_of([self._state_of(c) for c in ids])
         return dict(zip(ids, eps.tolist(), strict=True))
 
+    def composition(self, client_id: Any) -> Composition:
+        """The composed events charged to ``client_id`` (atoms with counts; empty if never)."""
+        cid = _one_id(client_id)
+        with self._lock:
+            return self._comps[self._state_of(cid)]
+
     def report(self, client_ids: Any = None) -> LedgerReport:
         """Per-client epsilons (default: all charged clients) with mean and max."""
         ids = self.client_ids if client_ids is None else tuple(_client_ids(client_ids))

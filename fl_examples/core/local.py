@@ -285,6 +285,29 @@ def _validate(
     return _Plan(theta, wbar, ClientData(x, y, mask, sizes_d), epochs_d, sizes_h, epochs_h)
 
 
+def _linear_flat(model: BatchedModel, linear_term: Any, plan: _Plan) -> Tensor | None:
+    """The linear term as a flat ``(K, d)`` tensor in the model's parameter order."""
+    if linear_term is None:
+        return None
+    shapes = model.parameter_shapes()
+    k = plan.theta.shape[0]
+    got: Any
+    if not isinstance(linear_term, Mapping) or list(linear_term) != list(shapes):
+        got = list(linear_term) if isinstance(linear_term, Mapping) else type(linear_term)
+        raise InvalidParameterError("linear_term", got, f"a dict with keys {list(shapes)}")
+    parts = []
+    for name, shape in shapes.items():
+        t = linear_term[name]
+        if not (isinstance(t, Tensor) and tuple(t.shape) == (k, *shape)
+                and t.dtype == plan.theta.dtype and t.device == plan.theta.device):
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise InvalidParameterError(f"linear_term[{name!r}]", got, f"(K, *{shape}) like params")
+        if not bool(torch.isfinite(t).all()):
+            raise InvalidParameterError(f"linear_term[{name!r}]", "non-finite", "finite")
+        parts.append(t.reshape(k, -1))
+    return torch.cat(parts, 1)
+
+
 def _resolve_order(
     plan: _Plan, generator: torch.Generator | None, order: BatchOrder | None
 ) -> BatchOrder:
@@ -323,6 +346,7 @@ def local_sgd(
     proximal_mu: float = 0.0,
     generator: torch.Generator | None = None,
     order: BatchOrder | None = None,
+    linear_term: Mapping[str, Tensor] | None = None,
 ) -> Params:
     """Run every client's local solve at once; return the new stacked parameters.
 
@@ -340,6 +364,9 @@ def local_sgd(
         generator: Draws the batch order (on the data's device). Exactly one of ``generator``
             and ``order`` is given.
         order: A precomputed :func:`batch_orders` result.
+        linear_term: Optional ``{name: (K, *shape)}`` vectors n_i: client i then minimises
+            F_i(w) + mu/2 ||w - w_bar||^2 + <n_i, w>, i.e. n_i is added to every step's
+            gradient (Upcycled-FL objective perturbation).
 
     Returns:
         New parameters, same keys, shapes, dtype and device as ``params`` (fresh tensors).
@@ -364,8 +391,9 @@ def local_sgd(
     """
     plan = _validate(model, params, w_bar, data, epochs, batch_size, lr, momentum, proximal_mu)
     bo = _resolve_order(plan, generator, order)
+    lin = _linear_flat(model, linear_term, plan)
     theta = _run_batched(
-        model, plan, bo, batch_size, float(lr), float(momentum), float(proximal_mu)
+        model, plan, bo, batch_size, float(lr), float(momentum), float(proximal_mu), lin
     )
     return {k: v.clone() for k, v in unflatten(theta, model.parameter_shapes()).items()}
 
@@ -379,6 +407,7 @@ def _run_batched(
     lr: float,
     momentum: float,
     mu: float,
+    lin: Tensor | None = None,
 ) -> Tensor:
     x, y, _, sizes = plan.data
     k_all, n_max, nf = x.shape
@@ -395,7 +424,11 @@ def _run_batched(
     srt = torch.as_tensor(srt_h, device=dev)
     theta = plan.theta[srt].contiguous()
     buf = torch.zeros_like(theta)
+    # The step adds mu * theta - mu_wbar to the buffer: the proximal gradient and, with a
+    # linear term n, + n (folded in as mu_wbar = mu * w_bar - n).
     mu_wbar = plan.wbar[srt].mul_(mu) if mu > 0 else None
+    if lin is not None:
+        mu_wbar = (mu_wbar if mu_wbar is not None else torch.zeros_like(theta)).sub_(lin[srt])
     n_s = sizes[srt]
     nb_s = torch.as_tensor(nb_h[srt_h], device=dev)
     total_s = torch.as_tensor(total_h[srt_h], device=dev)
@@ -462,6 +495,7 @@ def local_sgd_reference(
     proximal_mu: float = 0.0,
     generator: torch.Generator | None = None,
     order: BatchOrder | None = None,
+    linear_term: Mapping[str, Tensor] | None = None,
 ) -> Params:
     """The same local solves, one client at a time with autograd and ``torch.optim.SGD``.
 
@@ -471,6 +505,7 @@ def local_sgd_reference(
     """
     plan = _validate(model, params, w_bar, data, epochs, batch_size, lr, momentum, proximal_mu)
     bo = _resolve_order(plan, generator, order)
+    lin = _linear_flat(model, linear_term, plan)
     x, y, _, _ = plan.data
     shapes = model.parameter_shapes()
     theta = plan.theta.clone()
@@ -491,6 +526,9 @@ def local_sgd_reference(
                     if proximal_mu > 0:
                         sq = sum(((p[k] - centre[k]) ** 2).sum() for k in p)
                         loss = loss + 0.5 * proximal_mu * sq
+                    if lin is not None:
+                        flat_p = torch.cat([v.reshape(-1) for v in p.values()])
+                        loss = loss + (lin[i] * flat_p).sum()
                     opt.zero_grad()
                     loss.backward()
                     opt.step()

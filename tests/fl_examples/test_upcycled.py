@@ -112,7 +112,7 @@ def test_resume_in_a_new_process_is_bitwise_equal(tmp_path, digits):
     (dict(fraction=0.0), "fraction"), (dict(fraction=1.5), "fraction"),
     (dict(stragglers=1.0), "stragglers"), (dict(stragglers=-0.1), "stragglers"),
     (dict(iterations=0), "iterations"), (dict(lr=float("nan")), "lr"),
-    (dict(model="cnn"), "model"), (dict(lam_schedule="exp"), "lam_schedule"),
+    (dict(model="lstm"), "model"), (dict(lam_schedule="exp"), "lam_schedule"),
 ])
 def test_bad_config(kwargs, name):
     base = dict(FAST) | {"mu": 1.0, "lam": 0.42}
@@ -126,3 +126,12 @@ def test_unknown_dataset_and_algorithm():
         train(UpcycledConfig(**(FAST | {"dataset": "imagenet"})))
     with pytest.raises(InvalidParameterError, match="compare"):
         train(UpcycledConfig(**FAST), compare=("scaffold",))
+
+
+def test_cnn_model_trains_on_digits(tmp_path):
+    cfg = UpcycledConfig(**(FAST | {"model": "cnn", "iterations": 2, "local_epochs": 1}))
+    res = train(cfg, out=tmp_path)
+    assert res["algorithms"]["upcycled"]["history"][-1]["iteration"] == 2
+    with pytest.raises(InvalidParameterError, match="model"):
+        train(UpcycledConfig(**(FAST | {"model": "cnn", "dataset": "breast_cancer",
+                                        "iterations": 2})))

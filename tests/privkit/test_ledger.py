@@ -509,3 +509,14 @@ def test_bad_spend_arguments_change_nothing(tmp_path, args, kwargs, name):
     with pytest.raises(InvalidParameterError, match=name):
         led.spend(*args, **{"label": "upd", **kwargs})
     assert path.read_bytes() == data and led.epsilons() == eps
+
+
+def test_composition_of_a_client_is_replayed():
+    from privkit.events import GaussianDpEvent as G
+
+    led = Ledger.create(None, population_id="c", delta=1e-5)
+    led.spend(["a", "b"], G(2.0), label="r1")
+    led.spend(["a"], G(2.0), label="r2", count=2)
+    assert dict(led.composition("a").atoms) == {G(2.0): 3}
+    assert dict(led.composition("b").atoms) == {G(2.0): 1}
+    assert led.composition("never").atoms == ()

@@ -381,3 +381,29 @@ def test_batch_orders_validates_and_checks_generator_device() -> None:
         batch_orders(torch.tensor([-3, 2]), torch.tensor([1, 1]), generator=g)
     empty = batch_orders(torch.tensor([0, 4]), torch.tensor([3, 0]), generator=g)
     assert empty.order.numel() == 0 and empty.offsets.tolist() == [0, 0]
+
+
+def test_linear_term_batched_equals_reference_and_shifts_gradient():
+    from fl_examples.core.local import local_sgd, local_sgd_reference, pad_clients
+    from fl_examples.core.models import MultinomialLogReg
+
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (7, 4, 9)]
+    ys = [torch.randint(0, 2, (n,), generator=g) for n in (7, 4, 9)]
+    data = pad_clients(xs, ys, dtype=torch.float64)
+    m = MultinomialLogReg(3, 2)
+    p = m.init(3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    lin = {k: torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in p.items()}
+    kw = dict(epochs=torch.tensor([2, 1, 0]), batch_size=3, lr=0.1, proximal_mu=0.3)
+    a = local_sgd(m, p, p, data, generator=torch.Generator().manual_seed(2), linear_term=lin,
+                  **kw)
+    b = local_sgd_reference(m, p, p, data, generator=torch.Generator().manual_seed(2),
+                            linear_term=lin, **kw)
+    c = local_sgd(m, p, p, data, generator=torch.Generator().manual_seed(2), **kw)
+    for k in p:
+        torch.testing.assert_close(a[k], b[k], atol=1e-10, rtol=0)
+        assert not torch.equal(a[k][0], c[k][0])  # the term changes the solve
+        assert torch.equal(a[k][2], p[k][2])  # a client with 0 epochs is untouched
+    with pytest.raises(InvalidParameterError, match="linear_term"):
+        local_sgd(m, p, p, data, generator=torch.Generator().manual_seed(2),
+                  linear_term={"weight": lin["weight"]}, **kw)

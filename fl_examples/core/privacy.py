@@ -1,0 +1,250 @@
+"""Private training support shared by the synchronous trainers (public privkit API only).
+
+A :class:`PrivacyPlan` turns the run's privacy settings into one privkit mechanism per client
+(output perturbation: clip + Gaussian noise of the uploaded model; objective perturbation: a
+linear noise term in the local objective), charges every participating client on a privkit
+:class:`~privkit.ledger.Ledger` *before* any noise is drawn, and builds the report's
+``privacy`` section. Server-only steps (Upcycled-FL's even iterations) never reach it: they
+are post-processing of private outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import privkit
+from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.ledger import Ledger
+
+__all__ = ["PRIVACY_KINDS", "SENSITIVITIES", "PrivacyPlan", "calibrate", "BudgetStop"]
+
+PRIVACY_KINDS = ("none", "output", "objective")
+SENSITIVITIES = {
+    "replace-one": privkit.Sensitivity.CLIP_REPLACE_ONE,
+    "paper": privkit.Sensitivity.PAPER,
+    "strongly-convex": privkit.Sensitivity.STRONGLY_CONVEX,
+}
+
+
+class BudgetStop(Exception):
+    """A client would exceed the budget: the run stops before drawing that round's noise."""
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Per-client mechanisms for one algorithm's run.
+
+    Attributes:
+        kind: ``output`` or ``objective``.
+        sizes: |D_i| per client (training records).
+        l2_clip_norm, stddev, sensitivity: output perturbation (stddev is the paper's sigma).
+        alpha: objective perturbation rate; lipschitz/smoothness/rank its Thm C.2 constants.
+        proximal_mu: the local objective's mu (objective perturbation needs mu > 0).
+        lipschitz_model: u1 of the per-example loss for ``strongly-convex`` sensitivity.
+        batch_size: the local minibatch size (``strongly-convex`` with minibatch SGD).
+        allow_unproven: run objective perturbation outside Thm C.2, its epsilon marked.
+        glm: the model is a generalised linear model (logistic regression).
+    """
+
+    kind: str
+    sizes: tuple[int, ...]
+    l2_clip_norm: float = 10.0
+    stddev: float = 1.0
+    sensitivity: str = "replace-one"
+    alpha: float = 20.0
+    proximal_mu: float = 0.1
+    lipschitz: float = 1.0
+    smoothness: float = 0.25
+    rank: int = 2
+    lipschitz_model: float | None = None
+    batch_size: int = 32
+    momentum: float = 0.5
+    allow_unproven: bool = False
+    glm: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("output", "objective"):
+            raise InvalidParameterError("privacy", self.kind, "output or objective")
+        if self.kind == "output":
+            if self.sensitivity not in SENSITIVITIES:
+                raise InvalidParameterError("sensitivity", self.sensitivity,
+                                            f"one of {', '.join(SENSITIVITIES)}")
+            if self.sensitivity == "strongly-convex":
+                if self.lipschitz_model is None:
+                    raise InvalidParameterError(
+                        "lipschitz", None, "given (u1, the per-example gradient bound) for "
+                        "strongly-convex sensitivity")
+                if self.momentum != 0 or not self.glm:
+                    raise InvalidParameterError(
+                        "sensitivity", self.sensitivity,
+                        "used with a convex model (logreg) and momentum 0: its bound does not "
+                        "hold for momentum SGD or non-convex models")
+            self.mechanism(0)  # validate now
+        else:
+            if not self.allow_unproven:
+                why = ("the model is not a GLM" if not self.glm else
+                       "the local solver is minibatch SGD, not an exact minimiser")
+                raise InvalidParameterError(
+                    "privacy", "objective",
+                    f"used only where Thm C.2 holds ({why}); pass --allow-unproven to run it "
+                    "with its epsilon marked NOT PROVEN")
+            self.mechanism(0)
+
+    def mechanism(self, client: int) -> Any:
+        """The privkit mechanism of ``client`` (its |D_i| enters the sensitivity or epsilon)."""
+        n = int(self.sizes[client])
+        if self.kind == "output":
+            mode = SENSITIVITIES[self.sensitivity]
+            kw: dict[str, Any] = {"sensitivity_mode": mode}
+            if mode is privkit.Sensitivity.PAPER:
+                kw["dataset_size"] = n
+            elif mode is privkit.Sensitivity.STRONGLY_CONVEX:
+                kw.update(dataset_size=n, lipschitz=self.lipschitz_model,
+                          strong_convexity=self.proximal_mu, solver=privkit.Solver.MINIBATCH_SGD,
+                          batch_size=min(self.batch_size, n))
+            return privkit.GaussianOutputPerturbation.from_stddev(self.l2_clip_norm, self.stddev,
+                                                                  **kw)
+        return privkit.ObjectivePerturbation(
+            alpha=self.alpha, dataset_size=n, proximal_mu=self.proximal_mu,
+            lipschitz=self.lipschitz, smoothness=self.smoothness, rank=self.rank,
+            glm=self.glm, exact_solver=False, allow_unproven=self.allow_unproven)
+
+    @property
+    def noise_parameter(self) -> dict[str, float]:
+        return {"stddev": self.stddev} if self.kind == "output" else {"alpha": self.alpha}
+
+    def describe(self) -> dict[str, Any]:
+        if self.kind == "output":
+            return {"mechanism": "gaussian_output_perturbation", "l2_clip_norm": self.l2_clip_norm,
+                    "stddev": self.stddev, "sensitivity": self.sensitivity,
+                    "sensitivity_formula": {"replace-one": "2*tau", "paper": "tau/|D_i|",
+                                            "strongly-convex": "min(2 tau, 2 u1/(b mu))"}[
+                                                self.sensitivity]}
+        return {"mechanism": "objective_perturbation", "alpha": self.alpha,
+                "lipschitz": self.lipschitz, "smoothness": self.smoothness, "rank": self.rank,
+                "proximal_mu": self.proximal_mu,
+                "not_proven_because": "inexact (SGD) local solver"
+                + ("" if self.glm else " and a non-GLM model")}
+
+    # -- charging ----------------------------------------------------------------------------
+    def charge(self, ledger: Ledger, clients: Sequence[int], *, round_: int, run_id: str) -> int:
+        """Charge one release to each client (all or nothing); returns the receipt's seq.
+
+        Raises :class:`BudgetStop` (nothing charged) if any client would exceed the budget.
+        """
+        events: dict[Any, list[str]] = {}
+        for c in clients:
+            events.setdefault(self.mechanism(int(c)).event(), []).append(str(c))
+        for ev, ids in events.items():
+            over = ledger.would_exceed(ids, ev)
+            if bool(np.any(over)):
+                who = [i for i, o in zip(ids, over) if o]
+                raise BudgetStop(f"client(s) {', '.join(who[:5])} would exceed the budget "
+                                 f"in data round {round_}")
+        seq = -1
+        for ev, ids in events.items():
+            try:
+                seq = ledger.spend(ids, ev, label="odd-round release", round=round_,
+                                   run_id=run_id).seq
+            except BudgetExceededError as exc:  # cannot happen after the check; stay safe
+                raise BudgetStop(str(exc)) from None
+        return seq
+
+    def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
+        """The report's ``privacy`` section (per-client epsilons replayed from the ledger)."""
+        eps = ledger.epsilons([str(i) for i in range(num_clients)])
+        arr = np.array([eps[str(i)] for i in range(num_clients)])
+        rep = ledger.report([str(i) for i in range(num_clients)])
+        top = int(np.argmax(arr))
+        comp = ledger.composition(str(top))
+        method = privkit.epsilon(privkit.ComposedDpEvent(
+            [privkit.SelfComposedDpEvent(a, n) for a, n in comp.atoms]), rep.delta).method \
+            if comp.atoms else rep.method.value
+        out = {"delta": rep.delta, "epsilon_mean": float(arr.mean()),
+               "epsilon_max": float(arr.max()), "method": method,
+               "proven": self.kind == "output", "per_client": arr.tolist(),
+               "charged_rounds": _charged_counts(ledger, num_clients)} | self.describe()
+        if self.kind == "output" and self.sensitivity == "paper":
+            # The paper's own number (Thm C.1 closed form) beside the exact one.
+            out["epsilon_mean_paper_formula"] = float(np.mean(_moments(self, out["charged_rounds"],
+                                                                      rep.delta)))
+        if self.kind == "objective":
+            out["epsilon_mean_basic_composition"] = float(np.mean(
+                [n * self.mechanism(i).step_epsilon
+                 for i, n in enumerate(out["charged_rounds"])]))
+        return out
+
+
+def _charged_counts(ledger: Ledger, num_clients: int) -> list[int]:
+    """Releases charged per client, replayed from the ledger."""
+    return [int(sum(n for _, n in ledger.composition(str(i)).atoms)) for i in range(num_clients)]
+
+
+def _moments(plan: PrivacyPlan, counts: Sequence[int], delta: float) -> list[float]:
+    out = []
+    for i, n in enumerate(counts):
+        if n == 0:
+            out.append(0.0)
+            continue
+        ev = privkit.SelfComposedDpEvent(plan.mechanism(i).event(), n)
+        out.append(privkit.epsilon(ev, delta, "moments").epsilon)
+    return out
+
+
+def calibrate(make_plan: Callable[[float], PrivacyPlan], counts: Sequence[int], *, target: float,
+              delta: float, statistic: str, larger_is_more_private: bool) -> tuple[float, float]:
+    """Noise parameter x so that the run's mean (or max) epsilon is <= ``target``, tight.
+
+    ``counts`` are each client's planned releases (known in advance: client sampling comes from
+    the seed tree). Bisection on log x; the returned x has been evaluated, with the same
+    accountant, at <= target.
+    """
+    if statistic not in ("mean", "max"):
+        raise InvalidParameterError("noise_target", statistic, "mean or max")
+    target = privkit._validate.positive("noise_for_epsilon", target)  # noqa: SLF001
+
+    def eps_of(x: float) -> float:
+        plan = make_plan(x)
+        evs = [privkit.SelfComposedDpEvent(plan.mechanism(i).event(), int(n))
+               for i, n in enumerate(counts) if n > 0]
+        if not evs:
+            return 0.0
+        e = privkit.epsilon_batch(evs, delta)
+        e = np.concatenate([e, np.zeros(sum(1 for n in counts if n == 0))])
+        return float(e.mean() if statistic == "mean" else e.max())
+
+    # safe = meets the target; grow/shrink geometrically to a bracket, then bisect
+    def safe(x: float) -> bool:
+        return eps_of(x) <= target
+
+    x = 1.0
+    lo = hi = x
+    if safe(x):
+        while safe(lo):
+            hi, lo = lo, (lo / 2 if larger_is_more_private else lo * 2)
+            if not (1e-12 < lo < 1e12):
+                return hi, eps_of(hi)
+    else:
+        while not safe(hi):
+            lo, hi = hi, (hi * 2 if larger_is_more_private else hi / 2)
+            if not (1e-12 < hi < 1e12):
+                raise InvalidParameterError("noise_for_epsilon", target, "reachable")
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if safe(mid):
+            hi = mid
+        else:
+            lo = mid
+        if abs(math.log(hi / lo)) < 1e-6:
+            break
+    return hi, eps_of(hi)
+
+
+def ledger_path(out: Path | None, algorithm: str) -> Path | None:
+    return None if out is None else out / f"ledger-{algorithm}.jsonl"

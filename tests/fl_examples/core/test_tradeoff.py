@@ -1,0 +1,262 @@
+"""Tests of fl_examples.core.tradeoff: loading reports, aggregation over seeds, plot, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fl_examples.core.tradeoff import (
+    IGNORED_CONFIG_KEYS,
+    add_report_parser,
+    format_table,
+    load_runs,
+    plot_tradeoff,
+    run_report,
+    tradeoff_table,
+)
+from privkit.errors import InvalidParameterError
+
+NOISES = [0.5, 1.0, 2.0]
+SEEDS = [0, 1, 2]
+ALGS = ["upcycled", "fedprox"]
+
+
+def _eps(noise: float, seed: int) -> float:
+    return 8.0 / noise + 0.1 * seed  # epsilon shrinks with noise, varies a little per seed
+
+
+def _acc(alg: str, noise: float, seed: int) -> float:
+    return (0.9 if alg == "upcycled" else 0.85) - 0.05 * noise + 0.01 * seed
+
+
+def _loss(alg: str, noise: float, seed: int) -> float:
+    return (0.3 if alg == "upcycled" else 0.35) + 0.1 * noise - 0.01 * seed
+
+
+def _evaluation(acc: float, loss: float) -> dict:
+    return {"iteration": 10, "train_loss": loss, "train_accuracy": acc, "test_accuracy": acc,
+            "wall_time_s": 1.0, "client_compute_s": 0.5}
+
+
+def _write(run_dir: Path, config: dict, algorithms: dict) -> Path:
+    run_dir.mkdir(parents=True)
+    body = {"config": config, "algorithms": {}}
+    for name, (acc, loss, privacy) in algorithms.items():
+        ev = _evaluation(acc, loss)
+        entry = {"history": [_evaluation(0.1, 2.3), ev], "final": ev}
+        if privacy is not None:
+            entry["privacy"] = privacy
+        body["algorithms"][name] = entry
+    (run_dir / "report.json").write_text(json.dumps(body))
+    return run_dir
+
+
+def _privacy(eps: float, proven: bool = True) -> dict:
+    return {"delta": 1e-5, "epsilon_mean": eps, "epsilon_max": 2 * eps, "method": "rdp",
+            "proven": proven, "per_client": [eps, 2 * eps], "sensitivity": "clipped"}
+
+
+@pytest.fixture()
+def sweep(tmp_path: Path) -> list[Path]:
+    """2 algorithms x 3 noise levels x 3 seeds (output perturbation), one non-private run
+    and one objective-perturbation run with an unproven epsilon."""
+    dirs = []
+    for noise in NOISES:
+        for seed in SEEDS:
+            cfg = {"dataset": "synthetic:0.5,0.5", "privacy": "output", "noise": noise,
+                   "seed": seed, "lr": 0.05, "device": "cpu" if seed else "cuda",
+                   "dataset_description": f"synthetic seed {seed}"}
+            algs = {a: (_acc(a, noise, seed), _loss(a, noise, seed),
+                        _privacy(_eps(noise, seed))) for a in ALGS}
+            dirs.append(_write(tmp_path / f"out_n{noise}_s{seed}", cfg, algs))
+    dirs.append(_write(tmp_path / "nonprivate", {"dataset": "synthetic:0.5,0.5",
+                                                 "privacy": "none", "seed": 0, "lr": 0.05},
+                       {"upcycled": (0.95, 0.2, None)}))
+    dirs.append(_write(tmp_path / "objective", {"dataset": "synthetic:0.5,0.5",
+                                                "privacy": "objective", "noise": 1.0,
+                                                "seed": 0, "lr": 0.05},
+                       {"upcycled": (0.8, 0.5, _privacy(float("inf"), proven=False)
+                                     | {"epsilon_mean": 3.0, "epsilon_max": "inf"})}))
+    return dirs
+
+
+def test_load_runs(sweep: list[Path]) -> None:
+    # run directories and report.json files both work; a file given twice is read once
+    points = load_runs([*sweep, sweep[0] / "report.json"])
+    assert len(points) == 2 * 9 + 1 + 1
+    p = next(p for p in points if p.source == sweep[1] / "report.json"
+             and p.algorithm == "fedprox")
+    assert (p.seed, p.privacy, p.dataset, p.proven) == (1, "output", "synthetic:0.5,0.5", True)
+    assert p.epsilon_mean == pytest.approx(_eps(0.5, 1))
+    assert p.epsilon_max == pytest.approx(2 * _eps(0.5, 1))
+    assert p.test_accuracy == pytest.approx(_acc("fedprox", 0.5, 1))
+    assert p.train_loss == pytest.approx(_loss("fedprox", 0.5, 1))
+    assert p.delta == 1e-5
+    nonpriv = next(p for p in points if p.privacy == "none")
+    assert math.isinf(nonpriv.epsilon_mean) and math.isinf(nonpriv.epsilon_max)
+    obj = next(p for p in points if p.privacy == "objective")
+    assert not obj.proven and obj.epsilon_mean == 3.0 and math.isinf(obj.epsilon_max)
+    # a sweep directory above the run directories is expanded
+    assert len(load_runs([sweep[0].parent])) == len(points)
+
+
+def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
+    rows = tradeoff_table(load_runs(sweep))
+    out_rows = [r for r in rows if r["privacy"] == "output"]
+    assert len(rows) == 2 * 3 + 2 and len(out_rows) == 6
+    for alg in ALGS:
+        curve = [r for r in out_rows if r["algorithm"] == alg]
+        # one point per noise level, sorted by epsilon (most noise first)
+        assert [r["setting"] for r in curve] == [{"noise": n} for n in sorted(NOISES)[::-1]]
+        assert [r["label"] for r in curve] == [f"noise={n:g}" for n in sorted(NOISES)[::-1]]
+        for r in curve:
+            n = r["setting"]["noise"]
+            assert (r["n_runs"], r["n_seeds"], r["seeds"]) == (3, 3, SEEDS)
+            eps = [_eps(n, s) for s in SEEDS]
+            acc = [_acc(alg, n, s) for s in SEEDS]
+            loss = [_loss(alg, n, s) for s in SEEDS]
+            assert r["epsilon"] == pytest.approx(sum(eps) / 3)
+            assert (r["epsilon_lo"], r["epsilon_hi"]) == pytest.approx((min(eps), max(eps)))
+            assert r["test_accuracy"] == pytest.approx(sum(acc) / 3)
+            assert (r["test_accuracy_lo"], r["test_accuracy_hi"]) == pytest.approx(
+                (min(acc), max(acc)))
+            assert r["train_loss"] == pytest.approx(sum(loss) / 3)
+            assert (r["train_loss_lo"], r["train_loss_hi"]) == pytest.approx(
+                (min(loss), max(loss)))
+            assert r["proven"] is True and r["delta"] == 1e-5 and r["epsilon_stat"] == "mean"
+    nonpriv = next(r for r in rows if r["privacy"] == "none")
+    assert math.isinf(nonpriv["epsilon"]) and nonpriv["test_accuracy"] == 0.95
+    obj = next(r for r in rows if r["privacy"] == "objective")
+    assert obj["proven"] is False and obj["epsilon"] == 3.0
+
+    # epsilon="max" uses each run's epsilon_max
+    rows_max = tradeoff_table(load_runs(sweep), epsilon="max")
+    r = next(r for r in rows_max if r["algorithm"] == "upcycled" and r["privacy"] == "output"
+             and r["setting"] == {"noise": 1.0})
+    assert r["epsilon"] == pytest.approx(2 * sum(_eps(1.0, s) for s in SEEDS) / 3)
+    assert r["epsilon_stat"] == "max"
+    assert math.isinf(next(r for r in rows_max if r["privacy"] == "objective")["epsilon"])
+
+    # ignoring fewer keys splits the points (device differs between seeds)
+    split = tradeoff_table(load_runs(sweep), ignore=IGNORED_CONFIG_KEYS - {"device"})
+    assert len([r for r in split if r["privacy"] == "output"]) == 12
+    with pytest.raises(InvalidParameterError, match="epsilon"):
+        tradeoff_table(load_runs(sweep), epsilon="median")
+
+    text = format_table(rows)
+    assert "noise=0.5" in text and "fedprox" in text and "NO" in text and "inf" in text
+
+
+def test_nan_accuracy_is_not_repaired(tmp_path: Path) -> None:
+    cfg = {"dataset": "d", "privacy": "output", "noise": 1.0}
+    a = _write(tmp_path / "a", cfg | {"seed": 0}, {"x": (0.5, 1.0, _privacy(1.0))})
+    b = _write(tmp_path / "b", cfg | {"seed": 1}, {"x": (0.5, 1.0, _privacy(1.0))})
+    body = json.loads((b / "report.json").read_text())
+    body["algorithms"]["x"]["final"]["test_accuracy"] = None  # NaN as the writer stores it
+    (b / "report.json").write_text(json.dumps(body))
+    (row,) = tradeoff_table(load_runs([a, b]))
+    assert math.isnan(row["test_accuracy"]) and row["train_loss"] == 1.0
+
+
+def test_plot_written(sweep: list[Path], tmp_path: Path) -> None:
+    points = load_runs(sweep)
+    for which in ("mean", "max"):
+        out = plot_tradeoff(points, tmp_path / "plots" / f"tradeoff_{which}.png", epsilon=which)
+        data = out.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    with pytest.raises(InvalidParameterError, match="out"):
+        plot_tradeoff(points, tmp_path / "tradeoff.notaformat")
+
+
+@pytest.mark.parametrize(("mutate", "key"), [
+    (lambda b: "{not json", "valid JSON"),
+    (lambda b: json.dumps([1, 2]), "<top level>"),
+    (lambda b: json.dumps({"algorithms": b["algorithms"]}), "config"),
+    (lambda b: json.dumps({"config": b["config"], "algorithms": {}}), "algorithms"),
+    (lambda b: json.dumps(b | {"config": b["config"] | {"seed": "zero"}}), "config.seed"),
+    (lambda b: json.dumps(_set(b, ["algorithms", "x", "final"], None)), "algorithms.x.final"),
+    (lambda b: json.dumps(_set(b, ["algorithms", "x", "final", "test_accuracy"], "high")),
+     "algorithms.x.final.test_accuracy"),
+    (lambda b: json.dumps(_set(b, ["algorithms", "x", "privacy", "epsilon_mean"], [1])),
+     "algorithms.x.privacy.epsilon_mean"),
+    (lambda b: json.dumps(_set(b, ["algorithms", "x", "privacy", "proven"], "yes")),
+     "algorithms.x.privacy.proven"),
+])
+def test_malformed_report_names_path_and_key(tmp_path: Path, mutate, key: str) -> None:
+    run = _write(tmp_path / "run", {"dataset": "d", "privacy": "output", "seed": 0},
+                 {"x": (0.5, 1.0, _privacy(1.0))})
+    path = run / "report.json"
+    path.write_text(mutate(json.loads(path.read_text())))
+    with pytest.raises(InvalidParameterError) as info:
+        load_runs([run])
+    assert str(path) in str(info.value) and key in str(info.value)
+
+
+def _set(body: dict, keys: list[str], value: object) -> dict:
+    d = body
+    for k in keys[:-1]:
+        d = d[k]
+    d[keys[-1]] = value
+    return body
+
+
+def test_missing_paths(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameterError, match="nowhere"):
+        load_runs([tmp_path / "nowhere"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidParameterError, match="empty"):
+        load_runs([tmp_path / "empty"])
+    with pytest.raises(InvalidParameterError, match="RUN_DIRS"):
+        load_runs([])
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # raise instead of exiting, to test
+        raise ValueError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="privkit")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_report_parser(sub, _Parser)
+    return p
+
+
+def test_cli_text_and_json(sweep: list[Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "t.png"
+    args = _parser().parse_args(["report", "tradeoff", *map(str, sweep), "--out", str(out)])
+    assert (args.command, args.report, args.epsilon, args.json) == ("report", "tradeoff",
+                                                                    "mean", False)
+    assert run_report(args) == 0
+    text = capsys.readouterr().out
+    assert "upcycled" in text and "noise=2" in text and str(out) in text
+    assert out.stat().st_size > 20_000
+
+    out.unlink()
+    args = _parser().parse_args(["report", "tradeoff", *map(str, sweep), "--out", str(out),
+                                 "--epsilon", "max", "--json"])
+    run_report(args)
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 8 and out.is_file()
+    nonpriv = next(r for r in rows if r["privacy"] == "none")
+    assert nonpriv["epsilon"] == "inf" and rows[0]["epsilon_stat"] == "max"
+
+    assert _parser().parse_args(["report", "tradeoff", str(sweep[0])]).out == "tradeoff.png"
+    with pytest.raises(ValueError):
+        _parser().parse_args(["report", "tradeoff", str(sweep[0]), "--epsilon", "median"])
+    with pytest.raises(ValueError):
+        _parser().parse_args(["report", "tradeoff"])
+
+
+def test_cli_bad_input_names_argument(sweep: list[Path], tmp_path: Path) -> None:
+    good = {"report": "tradeoff", "run_dirs": [str(sweep[0])], "out": str(tmp_path / "x.png"),
+            "epsilon": "mean", "json": False}
+    for change, name in [({"epsilon": "median"}, "epsilon"), ({"run_dirs": []}, "RUN_DIRS"),
+                         ({"out": str(tmp_path)}, "out"), ({"out": ""}, "out"),
+                         ({"run_dirs": [str(tmp_path / "missing")]}, "missing")]:
+        with pytest.raises(InvalidParameterError, match=name):
+            run_report(argparse.Namespace(**(good | change)))

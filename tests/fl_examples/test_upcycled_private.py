@@ -1,0 +1,131 @@
+"""Private Upcycled-FL: charging only odd iterations, theorem vectors, budget stop, noise scale."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import privkit
+from fl_examples.core.data import parse_dataset_spec
+from fl_examples.core.privacy import PrivacyPlan
+from fl_examples.upcycled import UpcycledConfig, planned_releases, run_algorithm, train
+from privkit.errors import InvalidParameterError
+from privkit.ledger import Ledger
+
+PRIV = dict(dataset="digits:3", local_epochs=1, batch_size=32, lr=0.05, device="cpu",
+            fraction=0.5, stragglers=0.0, seed=2, mu=0.1, lam=0.04)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return parse_dataset_spec("digits:3", seed=2)
+
+
+def test_only_odd_iterations_charge_and_counts_match_participation(tmp_path, digits):
+    cfg = UpcycledConfig(privacy="output", stddev=5.0, iterations=9, **PRIV)
+    res = run_algorithm("upcycled", cfg, digits, iterations=9, out=tmp_path)
+    planned = planned_releases("upcycled", cfg, digits, 9)
+    assert res["privacy"]["charged_rounds"] == planned
+    assert sum(planned) == 5 * max(int(0.5 * digits.num_clients), 1)  # 5 odd iterations
+    led = Ledger.open(tmp_path / "ledger-upcycled.jsonl")
+    rounds = {json.loads(line)["round"] for line in
+              (tmp_path / "ledger-upcycled.jsonl").read_text().splitlines()[1:]}
+    assert rounds == {1, 2, 3, 4, 5}  # data rounds; even iterations add no entry
+    assert led.epsilons()[str(int(np.argmax(planned)))] == pytest.approx(
+        res["privacy"]["epsilon_max"])
+
+
+def test_theorem_c1_and_c2_vectors_through_the_run_accountant():
+    sizes = (224,)
+    out = PrivacyPlan(kind="output", sizes=sizes, l2_clip_norm=10.0, stddev=0.8,
+                      sensitivity="paper")
+    ev = privkit.SelfComposedDpEvent(out.mechanism(0).event(), 40)
+    assert privkit.epsilon(ev, 1e-3, "moments").epsilon == pytest.approx(1.374104, abs=1e-6)
+    assert privkit.epsilon(ev, 1e-3).epsilon == pytest.approx(0.8921860, abs=1e-6)
+    obj = PrivacyPlan(kind="objective", sizes=sizes, alpha=20.0, proximal_mu=0.1,
+                      allow_unproven=True)
+    ev = privkit.SelfComposedDpEvent(obj.mechanism(0).event(), 40)
+    assert privkit.epsilon(ev, 1e-3, "basic").epsilon == pytest.approx(8.392857, abs=1e-6)
+    assert any(a.startswith("NOT PROVEN") for a in privkit.epsilon(ev, 1e-3).assumptions)
+
+
+def test_budget_stops_before_noise_and_resume_keeps_spend(tmp_path, digits, monkeypatch):
+    cfg = UpcycledConfig(privacy="output", stddev=8.0, iterations=20, checkpoint_every=1,
+                         **(PRIV | {"fraction": 1.0}))
+    one = privkit.epsilon(privkit.SelfComposedDpEvent(
+        PrivacyPlan(kind="output", sizes=(1,), stddev=8.0).mechanism(0).event(), 3), 1e-3)
+    # a budget that allows exactly 3 releases per client (every client is in every round)
+    budget = one.epsilon * (1 + 1e-9)
+    cfg = UpcycledConfig(**(cfg.__dict__ | {"epsilon_budget": budget}))
+    draws = []
+    import privkit.mechanisms.gaussian as gm
+
+    real = gm.GaussianOutputPerturbation.__call__
+
+    def spy(self, tree, *, rng):
+        draws.append(1)
+        return real(self, tree, rng=rng)
+
+    monkeypatch.setattr(gm.GaussianOutputPerturbation, "__call__", spy)
+    res = run_algorithm("fedprox", cfg, digits, iterations=20, out=tmp_path)
+    assert res["history"][-1]["iteration"] == 3
+    assert "stopped before iteration 4" in res["privacy"]["stopped"]
+    assert len(draws) == 3 * digits.num_clients  # round 4 drew no noise
+    spent = res["privacy"]["epsilon_max"]
+    assert spent <= budget
+    again = run_algorithm("fedprox", cfg, digits, iterations=20, out=tmp_path, resume=True)
+    assert again["privacy"]["epsilon_max"] >= spent  # resuming never resets spend
+    assert again["history"][-1]["iteration"] == 3
+
+
+def test_output_noise_has_stddev_sigma_not_sigma_squared():
+    plan = PrivacyPlan(kind="output", sizes=(100,), l2_clip_norm=10.0, stddev=0.5)
+    mech = plan.mechanism(0)
+    zero = {"w": torch.zeros(200_000)}
+    noisy = mech(zero, rng=torch.Generator().manual_seed(0))["w"]
+    assert float(noisy.std()) == pytest.approx(0.5, rel=0.01)  # 0.25 would be sigma^2
+    assert float(noisy.mean()) == pytest.approx(0.0, abs=0.01)
+
+
+def test_noise_for_epsilon_calibrates_to_target(digits):
+    cfg = UpcycledConfig(privacy="output", iterations=6, noise_for_epsilon=2.0, **PRIV)
+    res = run_algorithm("upcycled", cfg, digits, iterations=6)
+    p = res["privacy"]
+    assert p["epsilon_mean"] <= 2.0
+    assert p["epsilon_mean"] == pytest.approx(2.0, rel=1e-4)
+    assert p["calibrated"]["parameter"] == "stddev"
+
+
+def test_objective_perturbation_runs_marked_unproven(tmp_path):
+    cfg = UpcycledConfig(privacy="objective", alpha=50.0, allow_unproven=True, iterations=4,
+                         **PRIV)
+    res = train(cfg, compare=("fedprox",), out=tmp_path)
+    for name in ("upcycled", "fedprox"):
+        p = res["algorithms"][name]["privacy"]
+        assert p["proven"] is False and math.isfinite(p["epsilon_mean"])
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["algorithms"]["upcycled"]["privacy"]["proven"] is False
+    # same iterations for both in private runs: FedProx leaks twice as often
+    assert rep["algorithms"]["fedprox"]["iterations"] == 4
+    up = rep["algorithms"]["upcycled"]["privacy"]["epsilon_mean"]
+    fp = rep["algorithms"]["fedprox"]["privacy"]["epsilon_mean"]
+    assert fp > up
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(privacy="objective"), "privacy"),  # needs --allow-unproven (SGD is not exact)
+    (dict(privacy="objective", model="mlp", allow_unproven=False), "privacy"),
+    (dict(privacy="output", epsilon_budget=0.0), "epsilon_budget"),
+    (dict(privacy="output", epsilon_budget=-1.0), "epsilon_budget"),
+    (dict(privacy="output", sensitivity="strongly-convex"), "lipschitz"),
+    (dict(privacy="output", sensitivity="strongly-convex", lipschitz=1.0), "sensitivity"),
+    (dict(privacy="none", noise_for_epsilon=1.0), "noise_for_epsilon"),
+    (dict(privacy="output", stddev=0.0), "stddev"),
+    (dict(privacy="output", delta=1.0), "delta"),
+])
+def test_contradicting_privacy_options(kwargs, name, digits):
+    with pytest.raises(InvalidParameterError, match=name):
+        cfg = UpcycledConfig(**(PRIV | {"iterations": 2} | kwargs))
+        run_algorithm("upcycled", cfg, digits, iterations=2)

@@ -36,8 +36,9 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                         description="Upcycled-FL with FedProx and FedAvg baselines (non-private).")
     u.add_argument("--dataset", default="synthetic:0.5,0.5",
                    help="synthetic:ALPHA,BETA | synthetic:iid | digits[:K] | breast_cancer | "
+                        "sent140tok:DIR | "
                         "leaf:DIR | femnist:DIR | sent140:DIR | mnist:DIR")
-    u.add_argument("--model", default="logreg", choices=["logreg", "mlp", "cnn"])
+    u.add_argument("--model", default="logreg", choices=["logreg", "mlp", "cnn", "lstm"])
     u.add_argument("--mu", type=float, default=1.0, help="FedProx proximal coefficient")
     u.add_argument("--lam", type=float, default=0.42, help="lambda: c = mu / (mu + lambda)")
     u.add_argument("--lam-schedule", default="constant", choices=["constant", "sqrt"])

@@ -61,8 +61,9 @@ class UpcycledConfig:
 
     Attributes:
         dataset: a dataset spec (see :func:`fl_examples.core.data.parse_dataset_spec`).
-        model: ``logreg`` (multinomial logistic regression), ``mlp`` (784-196-10 shape) or
-            ``cnn`` (the paper's FEMNIST CNN: 3x3 conv, 3 channels, linear 1000 and 100).
+        model: ``logreg`` (multinomial logistic regression), ``mlp`` (784-196-10 shape),
+            ``cnn`` (the paper's FEMNIST CNN: 3x3 conv, 3 channels, linear 1000 and 100) or
+            ``lstm`` (Sent140: embedding 300, 2 x LSTM 128; needs token ids, ``sent140tok:DIR``).
         mu: FedProx proximal coefficient (>= 0).
         lam: lambda of the even step (> 0 unless mu = 0); c = mu / (mu + lambda_m).
         lam_schedule: ``constant`` (lambda_m = lam, the paper's experiments) or ``sqrt``
@@ -131,8 +132,8 @@ class UpcycledConfig:
             raise InvalidParameterError("lam", self.lam, "> 0 when mu > 0")
         if self.lam_schedule not in ("constant", "sqrt"):
             raise InvalidParameterError("lam_schedule", self.lam_schedule, "constant or sqrt")
-        if self.model not in ("logreg", "mlp", "cnn"):
-            raise InvalidParameterError("model", self.model, "logreg, mlp or cnn")
+        if self.model not in ("logreg", "mlp", "cnn", "lstm"):
+            raise InvalidParameterError("model", self.model, "logreg, mlp, cnn or lstm")
         _validate.positive_int("iterations", self.iterations)
         _validate.probability("fraction", self.fraction)
         s = _validate.real("stragglers", self.stragglers)
@@ -189,6 +190,15 @@ def _model(cfg: UpcycledConfig, ds: FederatedDataset) -> Any:
                                         f"FEMNIST/MNIST or 8x8 digits), not {ds.num_features} "
                                         "features")
         return CNN(image_size=side, channels=3, hidden=(1000, 100), num_classes=ds.num_classes)
+    if cfg.model == "lstm":
+        from fl_examples.core.deep_models import StackedLSTM
+
+        vocab_size = ds.description.get("vocab_size")
+        if vocab_size is None:
+            raise InvalidParameterError("model", "lstm", "used with token-id features (e.g. "
+                                        "sent140tok:DIR), not a data set without vocab_size")
+        return StackedLSTM(vocab_size=vocab_size, embedding_dim=300, hidden=128, layers=2,
+                           num_classes=ds.num_classes, seq_len=ds.num_features)
     return MultinomialLogReg(ds.num_features, ds.num_classes)
 
 
@@ -324,6 +334,7 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     ``stop_after`` ends the run early after that many iterations (to test resuming).
     """
     device = resolve_device(cfg.device)
+    _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
     plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
     ledger = _open_ledger(algorithm, cfg, out) if plan is not None else None
     run = _Run(algorithm, cfg, ds, device, plan, ledger)

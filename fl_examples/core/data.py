@@ -561,7 +561,7 @@ def breast_cancer(*, rng: np.random.Generator | int, num_clients: int = 10) -> F
 DATASET_SPEC_FORMS = (
     "synthetic:ALPHA,BETA[:PRESET] | synthetic:iid[:PRESET] (PRESET: paper, fedprox, released) "
     "| digits[:K|:iid] (K classes per client, default 5) | breast_cancer[:CLIENTS] "
-    "| leaf:DIR | femnist:DIR | sent140:DIR | mnist:DIR"
+    "| leaf:DIR | femnist:DIR | sent140:DIR | sent140tok:DIR | mnist:DIR"
 )
 """The accepted forms of :func:`parse_dataset_spec`."""
 
@@ -597,7 +597,9 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
     - ``breast_cancer``, ``breast_cancer:CLIENTS``: :func:`breast_cancer` (default 10 clients).
     - ``leaf:DIR``: any LEAF directory, kind detected
       (:func:`fl_examples.core.leaf.load_leaf`); ``femnist:DIR`` keeps the lower-case letters
-      'a'-'j' relabelled 0..9 (Upcycled-FL); ``sent140:DIR`` reads Sent140.
+      'a'-'j' relabelled 0..9 (Upcycled-FL); ``sent140:DIR`` reads Sent140 as a hashed bag
+      of words; ``sent140tok:DIR`` reads it as 25 token ids per tweet over a vocabulary of
+      the training split (at most 10000 ids; for ``--model lstm``).
     - ``mnist:DIR``: IDX files, IID over 30 clients (:func:`fl_examples.core.idx.load_mnist`).
 
     Raises:
@@ -639,7 +641,7 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
         if not 1 <= k <= 56:
             raise _bad(spec, "breast_cancer:CLIENTS needs 1 <= CLIENTS <= 56")
         return breast_cancer(rng=seed, num_clients=k)
-    if name in ("leaf", "femnist", "sent140", "mnist"):
+    if name in ("leaf", "femnist", "sent140", "sent140tok", "mnist"):
         if not rest or not Path(rest).is_dir():
             raise _bad(spec, f"{name}:DIR needs an existing directory")
         if name == "mnist":
@@ -652,6 +654,8 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
             return load_leaf(
                 rest, rng=seed, kind=LeafKind.FEMNIST, classes=FEMNIST_LOWERCASE_A_TO_J
             )
+        if name == "sent140tok":
+            return load_leaf(rest, rng=seed, kind=LeafKind.SENT140_TOKENS)
         kind = LeafKind.SENT140 if name == "sent140" else LeafKind.AUTO
         return load_leaf(rest, rng=seed, kind=kind)
     raise _bad(spec, f"unknown dataset {name!r}")

@@ -1,5 +1,9 @@
 """LEAF JSON data (FEMNIST, Sent140, LEAF synthetic) from a user-supplied directory.
 
+Sent140 text becomes either a hashed bag of words (:attr:`LeafKind.SENT140`, for linear
+models) or padded token ids over a vocabulary of the training split
+(:attr:`LeafKind.SENT140_TOKENS`, for :class:`~fl_examples.core.deep_models.StackedLSTM`).
+
 Every LEAF file is one JSON object ``{"users": [...], "num_samples": [...], "user_data":
 {user: {"x": [...], "y": [...]}}, "hierarchies": [...]}`` (``hierarchies`` optional). A
 directory's files are merged in sorted order. Each file is validated: missing keys, a length
@@ -35,7 +39,10 @@ __all__ = [
     "FEMNIST_LOWERCASE_A_TO_J",
     "LeafKind",
     "LeafUser",
+    "build_vocabulary",
     "hashed_bag_of_words",
+    "token_ids",
+    "tokenize",
     "read_leaf_dir",
     "load_leaf",
 ]
@@ -47,6 +54,9 @@ keeps these ten classes, relabelled 0..9 by ``load_leaf(..., classes=...)``."""
 FEMNIST_NUM_FEATURES = 784
 FEMNIST_NUM_CLASSES = 62
 SENT140_TEXT_INDEX = 4  # x = [tweet_id, date, query, user, text, split]
+PAD_ID = 0
+UNKNOWN_ID = 1
+_MAX_EXACT_FLOAT32_INT = 2**24  # token ids are stored as float32 features
 
 
 class LeafKind(enum.Enum):
@@ -58,6 +68,9 @@ class LeafKind(enum.Enum):
     - ``FEMNIST``: 784 floats in [0, 1] (28 x 28, flattened), labels 0..61.
     - ``SENT140``: ``[tweet_id, date, query, user, text, split]`` with labels 0/1; the text is
       featurised by :func:`hashed_bag_of_words`.
+    - ``SENT140_TOKENS``: the same records; the text becomes ``seq_len`` token ids (as floats)
+      over a vocabulary built from the training split (:func:`build_vocabulary`,
+      :func:`token_ids`). Never chosen by ``AUTO``.
     - ``NUMERIC``: fixed-length numeric vectors (e.g. LEAF's synthetic set); the number of
       classes is the largest label + 1.
     """
@@ -65,6 +78,7 @@ class LeafKind(enum.Enum):
     AUTO = "auto"
     FEMNIST = "femnist"
     SENT140 = "sent140"
+    SENT140_TOKENS = "sent140tok"
     NUMERIC = "numeric"
 
 
@@ -100,6 +114,57 @@ def hashed_bag_of_words(texts: Sequence[str], num_features: int = 1024) -> np.nd
             out[row, zlib.crc32(token.encode("utf-8")) % d] += 1.0
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return np.divide(out, norms, out=out, where=norms > 0).astype(np.float32)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word tokens ``[a-z0-9']+`` of ``text`` (as in :func:`hashed_bag_of_words`).
+
+    Example:
+        >>> tokenize("Good DAY, isn't it?")
+        ['good', 'day', "isn't", 'it']
+    """
+    return _TOKEN.findall(text.lower())
+
+
+def build_vocabulary(token_lists: Sequence[Sequence[str]], vocab_size: int) -> dict[str, int]:
+    """Word -> id for the ``vocab_size - 2`` most frequent words of ``token_lists``.
+
+    Id 0 is padding and id 1 the unknown word, so words get ids 2, 3, ... in order of
+    decreasing count; equal counts are ordered by the word itself (deterministic). Fewer
+    distinct words give a smaller vocabulary (``len(vocab) + 2 <= vocab_size``).
+
+    Example:
+        >>> build_vocabulary([["b", "a", "c"], ["a", "c"]], vocab_size=4)
+        {'a': 2, 'c': 3}
+    """
+    size = v.positive_int("vocab_size", vocab_size)
+    if size < 2:
+        raise InvalidParameterError("vocab_size", vocab_size, "an integer >= 2 (pad, unknown)")
+    counts: dict[str, int] = {}
+    for tokens in token_lists:
+        for t in tokens:
+            counts[t] = counts.get(t, 0) + 1
+    ranked = sorted(counts, key=lambda w: (-counts[w], w))[: size - 2]
+    return {w: i + 2 for i, w in enumerate(ranked)}
+
+
+def token_ids(
+    token_lists: Sequence[Sequence[str]], vocab: dict[str, int], seq_len: int = 25
+) -> np.ndarray:
+    """float32 ``(n, seq_len)``: each text's first ``seq_len`` ids, right-padded with 0.
+
+    A word outside ``vocab`` gets id 1 (unknown).
+
+    Example:
+        >>> token_ids([["a", "zzz"], ["c", "a", "c"]], {"a": 2, "c": 3}, seq_len=2).tolist()
+        [[2.0, 1.0], [3.0, 2.0]]
+    """
+    length = v.positive_int("seq_len", seq_len)
+    out = np.full((len(token_lists), length), PAD_ID, dtype=np.float32)
+    for row, tokens in enumerate(token_lists):
+        ids = [vocab.get(t, UNKNOWN_ID) for t in tokens[:length]]
+        out[row, : len(ids)] = ids
+    return out
 
 
 def _read_leaf_file(path: Path) -> dict[str, LeafUser]:
@@ -193,15 +258,22 @@ def _detect_kind(users: dict[str, LeafUser]) -> LeafKind:
     raise DataFormatError(next(iter(users.values())).source, "user_data", "holds no samples")
 
 
-def _features(user: str, rec: LeafUser, kind: LeafKind, text_features: int) -> np.ndarray:
+def _features(
+    user: str, rec: LeafUser, kind: LeafKind, text_features: int, tokens: list[list[str]]
+) -> np.ndarray:
     key = f"user_data[{user!r}].x"
-    if kind is LeafKind.SENT140:
+    if kind in (LeafKind.SENT140, LeafKind.SENT140_TOKENS):
         texts = []
         for j, row in enumerate(rec.x):
             if not (isinstance(row, list) and len(row) > 4 and isinstance(row[4], str)):
                 raise DataFormatError(rec.source, f"{key}[{j}]", "must be a Sent140 record")
             texts.append(row[SENT140_TEXT_INDEX])
-        return hashed_bag_of_words(texts, text_features)
+        if kind is LeafKind.SENT140:
+            return hashed_bag_of_words(texts, text_features)
+        # One column: the row of each text in ``tokens``; ids come after the train/test split.
+        start = len(tokens)
+        tokens.extend(tokenize(t) for t in texts)
+        return np.arange(start, len(tokens), dtype=np.int64)[:, None]
     try:
         arr = np.asarray(rec.x)
     except ValueError:  # ragged
@@ -217,7 +289,8 @@ def _features(user: str, rec: LeafUser, kind: LeafKind, text_features: int) -> n
 
 def _labels(user: str, rec: LeafUser, kind: LeafKind) -> np.ndarray:
     y = np.asarray(rec.y)
-    upper = {LeafKind.FEMNIST: FEMNIST_NUM_CLASSES, LeafKind.SENT140: 2}.get(kind, 2**31)
+    upper = {LeafKind.FEMNIST: FEMNIST_NUM_CLASSES, LeafKind.SENT140: 2,
+             LeafKind.SENT140_TOKENS: 2}.get(kind, 2**31)  # fmt: skip
     ok = y.ndim == 1 and y.dtype.kind in "iuf"
     ok = ok and bool(np.all(np.isfinite(y) & (y >= 0) & (y < upper) & (y == np.floor(y))))
     if not ok:
@@ -233,12 +306,14 @@ def _convert(
     text_features: int,
     classes: tuple[int, ...] | None,
     dim: list[int],
+    tokens: list[list[str]],
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for user, rec in users.items():
         if not rec.y:
             continue  # a user without samples is no client
-        x, y = _features(user, rec, kind, text_features), _labels(user, rec, kind)
+        x = _features(user, rec, kind, text_features, tokens)
+        y = _labels(user, rec, kind)
         if not dim:
             dim.append(x.shape[1])
         if x.shape[1] != dim[0]:
@@ -260,6 +335,8 @@ def load_leaf(
     kind: LeafKind = LeafKind.AUTO,
     classes: Sequence[int] | None = None,
     text_features: int = 1024,
+    vocab_size: int = 10_000,
+    seq_len: int = 25,
 ) -> FederatedDataset:
     """Load a LEAF data set as one client per LEAF user.
 
@@ -274,6 +351,15 @@ def load_leaf(
         classes: keep only these label ids, relabelled 0..len-1 in sorted order; e.g.
             :data:`FEMNIST_LOWERCASE_A_TO_J` maps 'a'..'j' (36..45) to 0..9.
         text_features: dimension of the Sent140 hashed bag of words.
+        vocab_size: ``SENT140_TOKENS``: at most this many ids (0 padding, 1 unknown, then the
+            ``vocab_size - 2`` most frequent words of the training split, ties by word).
+        seq_len: ``SENT140_TOKENS``: ids per text (the first ``seq_len`` tokens, right-padded
+            with 0); it is ``num_features``.
+
+    With ``SENT140_TOKENS`` the vocabulary comes from the training split only (the kept
+    clients' training rows, after the 90/10 split of a single directory), so test words
+    unseen in training map to 1. The description records ``vocab_size`` (ids in use, the
+    embedding size a model needs), ``seq_len`` and ``tokenizer``.
 
     Users left without training samples (after the class filter or a 90/10 split of one
     sample) are dropped; the description counts them.
@@ -282,6 +368,10 @@ def load_leaf(
     if not isinstance(kind, LeafKind):
         raise InvalidParameterError("kind", kind, "a LeafKind")
     text_features = v.positive_int("text_features", text_features)
+    vocab_size = v.positive_int("vocab_size", vocab_size)
+    if not 2 <= vocab_size <= _MAX_EXACT_FLOAT32_INT:
+        raise InvalidParameterError("vocab_size", vocab_size, "in [2, 2**24] (ids as float32)")
+    seq_len = v.positive_int("seq_len", seq_len)
     if classes is not None:
         classes = tuple(sorted(v.nonnegative_int("classes", c) for c in classes))
         if not classes or len(set(classes)) != len(classes):
@@ -293,8 +383,9 @@ def load_leaf(
     if kind is LeafKind.AUTO:
         kind = _detect_kind(train_raw)
     dim: list[int] = []
-    train = _convert(train_raw, kind, text_features, classes, dim)
-    test = _convert(test_raw, kind, text_features, classes, dim)
+    tokens: list[list[str]] = []
+    train = _convert(train_raw, kind, text_features, classes, dim, tokens)
+    test = _convert(test_raw, kind, text_features, classes, dim, tokens)
     ids, data = [], []
     for user, (x, y) in train.items():
         if split_dirs:
@@ -307,11 +398,24 @@ def load_leaf(
             data.append(parts)
     if not data:
         raise DataFormatError(d, "user_data", "no user has training samples (after filtering)")
+    vocab: dict[str, int] = {}
+    train_words: set[str] = set()
+    if kind is LeafKind.SENT140_TOKENS:
+        train_tokens = [tokens[int(i)] for parts in data for i in parts[0][:, 0]]
+        train_words = {t for row in train_tokens for t in row}
+        vocab = build_vocabulary(train_tokens, vocab_size)
+        data = [
+            tuple(
+                token_ids([tokens[int(i)] for i in a[:, 0]], vocab, seq_len) if j % 2 == 0 else a
+                for j, a in enumerate(parts)
+            )
+            for parts in data
+        ]
     if classes is not None:
         num_classes = len(classes)
     elif kind is LeafKind.FEMNIST:
         num_classes = FEMNIST_NUM_CLASSES
-    elif kind is LeafKind.SENT140:
+    elif kind in (LeafKind.SENT140, LeafKind.SENT140_TOKENS):
         num_classes = 2
     else:
         num_classes = 1 + max(int(t[j].max(initial=0)) for t in data for j in (1, 3))
@@ -335,6 +439,20 @@ def load_leaf(
             "num_features": text_features,
             "tokens": _TOKEN.pattern,
             "hash": "crc32 mod num_features, rows L2-normalised",
+        }
+    if kind is LeafKind.SENT140_TOKENS:
+        description["vocab_size"] = len(vocab) + 2
+        description["seq_len"] = seq_len
+        description["tokenizer"] = {
+            "name": "sent140_word_ids",
+            "text_field": SENT140_TEXT_INDEX,
+            "tokens": _TOKEN.pattern,
+            "lowercase": True,
+            "vocabulary": "most frequent max_vocab_size - 2 words of the training split, "
+            "ties broken by word; id 0 padding, id 1 unknown",
+            "max_vocab_size": vocab_size,
+            "distinct_training_words": len(train_words),
+            "sequence": "first seq_len ids, right-padded with 0, stored as float32",
         }
     return FederatedDataset.from_splits(
         ids,

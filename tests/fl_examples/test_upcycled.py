@@ -112,7 +112,7 @@ def test_resume_in_a_new_process_is_bitwise_equal(tmp_path, digits):
     (dict(fraction=0.0), "fraction"), (dict(fraction=1.5), "fraction"),
     (dict(stragglers=1.0), "stragglers"), (dict(stragglers=-0.1), "stragglers"),
     (dict(iterations=0), "iterations"), (dict(lr=float("nan")), "lr"),
-    (dict(model="lstm"), "model"), (dict(lam_schedule="exp"), "lam_schedule"),
+    (dict(model="rnn"), "model"), (dict(lam_schedule="exp"), "lam_schedule"),
 ])
 def test_bad_config(kwargs, name):
     base = dict(FAST) | {"mu": 1.0, "lam": 0.42}
@@ -134,4 +134,36 @@ def test_cnn_model_trains_on_digits(tmp_path):
     assert res["algorithms"]["upcycled"]["history"][-1]["iteration"] == 2
     with pytest.raises(InvalidParameterError, match="model"):
         train(UpcycledConfig(**(FAST | {"model": "cnn", "dataset": "breast_cancer",
+                                        "iterations": 2})))
+
+
+def _sent140tok_dir(root):
+    words = ["good", "bad", "happy", "sad", "day", "awful", "great"]
+    gen = torch.Generator().manual_seed(0)
+    for split, n in (("train", 6), ("test", 2)):
+        users = {}
+        for u in ("u1", "u2", "u3"):
+            idx = torch.randint(len(words), (n, 4), generator=gen).tolist()
+            x = [[str(j), "Mon", "NO_QUERY", u, " ".join(words[i] for i in row), split]
+                 for j, row in enumerate(idx)]
+            users[u] = {"x": x, "y": [int("good" in r[4] or "great" in r[4]) for r in x]}
+        obj = {"users": list(users), "num_samples": [len(r["y"]) for r in users.values()],
+               "user_data": users}
+        (root / split).mkdir(parents=True)
+        (root / split / "data.json").write_text(json.dumps(obj))
+    return root
+
+
+def test_lstm_model_trains_on_sent140_tokens(tmp_path):
+    data = _sent140tok_dir(tmp_path / "sent140")
+    cfg = UpcycledConfig(dataset=f"sent140tok:{data}", model="lstm", iterations=2,
+                         local_epochs=1, device="cpu", fraction=1.0, stragglers=0.0)
+    res = train(cfg, out=tmp_path / "out")
+    hist = res["algorithms"]["upcycled"]["history"]
+    assert hist[-1]["iteration"] == 2 and all(torch.isfinite(torch.tensor(h["train_loss"]))
+                                              for h in hist)
+    assert res["config"]["dataset_description"]["vocab_size"] == 9
+    assert res["algorithms"]["upcycled"]["_model"]["embedding"].shape == (9, 300)
+    with pytest.raises(InvalidParameterError, match="model"):
+        train(UpcycledConfig(**(FAST | {"model": "lstm", "dataset": "synthetic:0.5,0.5",
                                         "iterations": 2})))

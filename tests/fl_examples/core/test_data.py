@@ -568,3 +568,77 @@ def test_load_mnist_rejects_wrong_files(tmp_path):
         load_mnist(root, rng=0)
     with pytest.raises(InvalidParameterError, match="train-images-idx3-ubyte"):
         load_mnist(tmp_path, rng=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Sent140 token ids (sent140tok)
+
+
+def _tweets(user, texts, labels):
+    x = [[str(2000 + j), "Mon Apr 06", "NO_QUERY", user, t, "x"] for j, t in enumerate(texts)]
+    return x, labels
+
+
+@pytest.fixture
+def sent140tok_dir(tmp_path):
+    root = tmp_path / "sent140"
+    _leaf_file(root / "train" / "t.json", {
+        "u1": _tweets("u1", ["Good good day", "bad DAY", "good"], [1, 0, 1]),
+        "u2": _tweets("u2", ["happy happy happy day", "sad"], [1, 0]),
+        "u3": _tweets("u3", ["awful, bad day " * 10, "zebra good", "day"], [0, 1, 0]),
+    })  # fmt: skip
+    _leaf_file(root / "test" / "t.json", {
+        "u1": _tweets("u1", ["good unseenword", "testonly testonly testonly"], [1, 0]),
+        "u3": _tweets("u3", ["bad"], [0]),
+    })  # fmt: skip
+    return root
+
+
+def test_sent140_tokens_vocabulary_from_train_only(sent140tok_dir):
+    from fl_examples.core.leaf import build_vocabulary, token_ids, tokenize
+
+    ds = load_leaf(sent140tok_dir, rng=0, kind=LeafKind.SENT140_TOKENS, vocab_size=7, seq_len=5)
+    # training counts: day 14, bad 11, awful 10, good 5, happy 3, sad 1, zebra 1
+    vocab = {"day": 2, "bad": 3, "awful": 4, "good": 5, "happy": 6}
+    assert build_vocabulary([tokenize(t) for t in ["b a", "a b c"]], 3) == {"a": 2}  # tie: word
+    assert ds.description["vocab_size"] == 7 and ds.description["seq_len"] == 5
+    assert ds.description["tokenizer"]["max_vocab_size"] == 7
+    assert ds.description["kind"] == "sent140tok"
+    assert (ds.num_features, ds.num_classes) == (5, 2)
+    assert ds.client_ids == ("u1", "u2", "u3")
+    assert ds.train_sizes.tolist() == [3, 2, 3] and ds.test_sizes.tolist() == [2, 0, 1]
+    assert ds.x_train[0].dtype == np.float32
+    assert ds.x_train[0].tolist() == [[5, 5, 2, 0, 0], [3, 2, 0, 0, 0], [5, 0, 0, 0, 0]]
+    assert ds.x_train[1].tolist() == [[6, 6, 6, 2, 0], [1, 0, 0, 0, 0]]  # sad: not in top 5
+    assert ds.x_train[2].tolist() == [[4, 3, 2, 4, 3], [1, 5, 0, 0, 0], [2, 0, 0, 0, 0]]
+    assert ds.x_test[0].tolist() == [[5, 1, 0, 0, 0], [1, 1, 1, 0, 0]]  # test words are unknown
+    assert ds.x_test[2].tolist() == [[3, 0, 0, 0, 0]]
+    assert ds.y_train[2].tolist() == [0, 1, 0]
+    texts = ["Good good day", "bad DAY", "good"]
+    assert np.array_equal(token_ids([tokenize(t) for t in texts], vocab, 5), ds.x_train[0])
+    json.dumps(ds.description)
+
+
+def test_sent140_tokens_defaults_spec_and_single_dir(sent140tok_dir, tmp_path):
+    ds = parse_dataset_spec(f"sent140tok:{sent140tok_dir}", seed=0)
+    assert ds.num_features == 25 and ds.description["seq_len"] == 25
+    assert ds.description["vocab_size"] == 2 + 7  # all seven training words fit
+    x, _ = ds.pooled()
+    assert x.shape[1] == 25 and x.max() < 9 and np.all(x == np.floor(x))
+    long_row = ds.x_train[2][0]  # "awful bad day" x 10 = 30 tokens, truncated to the first 25
+    vocab = {"day": 2, "bad": 3, "awful": 4}  # counts 14, 11, 10
+    assert long_row.tolist() == [vocab[w] for w in ("awful bad day " * 10).split()[:25]]
+    assert np.all(np.delete(x, 5, axis=0)[:, 4:] == 0)  # other texts have <= 4 tokens
+    again = parse_dataset_spec(f"sent140tok:{sent140tok_dir}", seed=0)
+    assert all(np.array_equal(u, w) for u, w in zip(_arrays(ds), _arrays(again)))
+    # single directory: the vocabulary comes from each user's 90% training share only
+    rng = np.random.default_rng(1)
+    _leaf_file(tmp_path / "one" / "a.json", {"alice": _sent140_user(rng, 20, "alice")})
+    one = load_leaf(tmp_path / "one", rng=5, kind=LeafKind.SENT140_TOKENS, seq_len=3)
+    assert one.train_sizes.tolist() == [18] and one.test_sizes.tolist() == [2]
+    assert one.num_features == 3 and one.description["layout"].startswith("one directory")
+    assert load_leaf(tmp_path / "one", rng=0).description["kind"] == "sent140"  # AUTO unchanged
+    with pytest.raises(InvalidParameterError, match="vocab_size"):
+        load_leaf(sent140tok_dir, rng=0, kind=LeafKind.SENT140_TOKENS, vocab_size=1)
+    with pytest.raises(InvalidParameterError, match="dataset"):
+        parse_dataset_spec(f"sent140tok:{tmp_path / 'missing'}", seed=0)

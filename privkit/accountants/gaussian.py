@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _BISECTION_STEPS = 200
+_SCALAR_BELOW = 32  # arrays this small use the scalar Newton path
 
 
 def _mu_array(gdp_mu: Any) -> np.ndarray:
@@ -110,7 +111,9 @@ def exact_epsilon(gdp_mu: Any, delta: float) -> np.ndarray | float:
     out = np.full(mu.shape, np.inf)
     out[mu == 0] = 0.0
     fin = (mu > 0) & np.isfinite(mu)
-    if fin.any():
+    if 0 < fin.sum() <= _SCALAR_BELOW:  # a few entries: Newton per entry beats bisection
+        out[fin] = [_exact_epsilon_scalar(float(m), d) for m in mu[fin]]
+    elif fin.any():
         out[fin] = _exact_epsilon_bisect(mu[fin], d)
     return out
 

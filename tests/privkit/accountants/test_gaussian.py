@@ -68,9 +68,11 @@ def test_log_delta_against_mpmath(mu, eps):
 
 
 def test_vectorised_matches_scalar():
-    mus = np.array([0.1, 1.0, 3.0, 30.0])
+    mus = np.linspace(0.1, 30.0, 50)  # above the small-array threshold: bisection path
     vec = gaussian.exact_epsilon(mus, 1e-5)
-    assert vec.shape == (4,)
+    assert vec.shape == (50,)
+    small = gaussian.exact_epsilon(mus[:4], 1e-5)  # small arrays: Newton per entry
+    assert small.shape == (4,) and np.allclose(small, vec[:4], rtol=1e-13, atol=0)
     for m, e in zip(mus, vec):  # scalar (Newton) and array (bisection) paths agree
         assert e == pytest.approx(gaussian.exact_epsilon(float(m), 1e-5), rel=1e-13)
 

@@ -405,7 +405,7 @@ def load_leaf(
         train_words = {t for row in train_tokens for t in row}
         vocab = build_vocabulary(train_tokens, vocab_size)
         data = [
-            tuple(
+            tuple(  # type: ignore[misc]  # (x, y, x, y) stays a 4-tuple
                 token_ids([tokens[int(i)] for i in a[:, 0]], vocab, seq_len) if j % 2 == 0 else a
                 for j, a in enumerate(parts)
             )

@@ -43,12 +43,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/privacy")
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--datasets", default="synthetic:iid,synthetic:0,0")
+    ap.add_argument("--datasets", default="synthetic:iid;synthetic:0,0",
+                    help="semicolon-separated dataset specs")
     ap.add_argument("--iterations", type=int, default=80)
     ap.add_argument("--device", default="auto")
     a = ap.parse_args()
     summary = []
-    for ds in a.datasets.split(","):
+    for ds in a.datasets.split(";"):
         for (kind, mode), spec in SETTINGS.items():
             res: dict[str, list[tuple[float, float, float]]] = {"upcycled": [], "fedprox": []}
             t0 = time.perf_counter()

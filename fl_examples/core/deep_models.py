@@ -24,6 +24,7 @@ initialisation (no pretrained vectors).
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ def _positive_ints(name: str, value: object) -> tuple[int, ...]:
     return tuple(value)  # type: ignore[arg-type]
 
 
-class _FunctionalModel:
+class _FunctionalModel(abc.ABC):
     """Batched protocol methods derived from ``forward_single`` with ``torch.func``.
 
     Subclasses define ``num_features``, ``num_classes``, :meth:`parameter_shapes`,
@@ -71,17 +72,17 @@ class _FunctionalModel:
     num_features: int
     num_classes: int
 
-    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-client parameter shapes in flat order."""
 
-    def _init_spec(self) -> dict[str, tuple[str, float]]:  # pragma: no cover - abstract
+    @abc.abstractmethod
+    def _init_spec(self) -> dict[str, tuple[str, float]]:
         """``{name: ("uniform", bound) | ("normal", std)}`` for every parameter."""
-        raise NotImplementedError
 
-    def forward_single(
-        self, params: Mapping[str, Tensor], x: Tensor
-    ) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def forward_single(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """Logits of one client (parameters without the client axis)."""
 
     @property
     def num_parameters(self) -> int:

@@ -207,12 +207,12 @@ class _Run:
 
     def __init__(self, algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
                  device: torch.device, plan: PrivacyPlan | None = None,
-                 ledger: Ledger | None = None) -> None:
+                 ledger: Ledger | None = None, model: Any = None) -> None:
         if algorithm not in ALGORITHMS:
             raise InvalidParameterError("algorithm", algorithm, f"one of {', '.join(ALGORITHMS)}")
         self.algorithm, self.cfg, self.ds, self.device = algorithm, cfg, ds, device
         self.tree = SeedTree(cfg.seed)
-        self.model = _model(cfg, ds)
+        self.model = model if model is not None else _model(cfg, ds)
         dtype = torch.float32
         self.train = to_client_data(ds.padded(Split.TRAIN), device, dtype)
         self.test = to_client_data(ds.padded(Split.TEST), device, dtype)
@@ -334,10 +334,10 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     ``stop_after`` ends the run early after that many iterations (to test resuming).
     """
     device = resolve_device(cfg.device)
-    _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
+    model = _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
     plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
     ledger = _open_ledger(algorithm, cfg, out) if plan is not None else None
-    run = _Run(algorithm, cfg, ds, device, plan, ledger)
+    run = _Run(algorithm, cfg, ds, device, plan, ledger, model)
     ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
     if resume and ckpt_dir is not None and checkpoint.latest_round(ckpt_dir) is not None:
         run.restore(ckpt_dir)

@@ -10,15 +10,16 @@ are post-processing of private outputs.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import privkit
+from privkit import _validate
 from privkit.errors import BudgetExceededError, InvalidParameterError
 from privkit.ledger import Ledger
 
@@ -98,7 +99,14 @@ class PrivacyPlan:
 
     def mechanism(self, client: int) -> Any:
         """The privkit mechanism of ``client`` (its |D_i| enters the sensitivity or epsilon)."""
-        n = int(self.sizes[client])
+        return self._mechanisms[client]
+
+    @functools.cached_property
+    def _mechanisms(self) -> tuple[Any, ...]:
+        # Built once per plan: rounds reuse them (charging and releasing).
+        return tuple(self._build(int(n)) for n in self.sizes)
+
+    def _build(self, n: int) -> Any:
         if self.kind == "output":
             mode = SENSITIVITIES[self.sensitivity]
             kw: dict[str, Any] = {"sensitivity_mode": mode}
@@ -114,10 +122,6 @@ class PrivacyPlan:
             alpha=self.alpha, dataset_size=n, proximal_mu=self.proximal_mu,
             lipschitz=self.lipschitz, smoothness=self.smoothness, rank=self.rank,
             glm=self.glm, exact_solver=False, allow_unproven=self.allow_unproven)
-
-    @property
-    def noise_parameter(self) -> dict[str, float]:
-        return {"stddev": self.stddev} if self.kind == "output" else {"alpha": self.alpha}
 
     def describe(self) -> dict[str, Any]:
         if self.kind == "output":
@@ -207,7 +211,7 @@ def calibrate(make_plan: Callable[[float], PrivacyPlan], counts: Sequence[int], 
     """
     if statistic not in ("mean", "max"):
         raise InvalidParameterError("noise_target", statistic, "mean or max")
-    target = privkit._validate.positive("noise_for_epsilon", target)  # noqa: SLF001
+    target = _validate.positive("noise_for_epsilon", target)
 
     def eps_of(x: float) -> float:
         plan = make_plan(x)
@@ -245,6 +249,3 @@ def calibrate(make_plan: Callable[[float], PrivacyPlan], counts: Sequence[int], 
             break
     return hi, eps_of(hi)
 
-
-def ledger_path(out: Path | None, algorithm: str) -> Path | None:
-    return None if out is None else out / f"ledger-{algorithm}.jsonl"

@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,8 +323,3 @@ def _require_add_remove(relation: Any, what: str) -> None:
 def notes(event: dp_event.DpEvent) -> tuple[str, ...]:
     """Assumptions a report containing this atom must state (default: none)."""
     return ()
-
-
-def atoms_of(compositions: Iterable[Composition]) -> set[dp_event.DpEvent]:
-    """Every distinct atom in ``compositions``."""
-    return {a for comp in compositions for a, _ in comp.atoms}

@@ -195,10 +195,10 @@ def _cmd_report(a: argparse.Namespace) -> int:
     return fl_cli.run_report(a)
 
 
-def _cmd_train(a: argparse.Namespace) -> None:
+def _cmd_train(a: argparse.Namespace) -> int:
     from fl_examples import cli as fl_cli
 
-    fl_cli.run_train(a)
+    return fl_cli.run_train(a)
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:

@@ -7,7 +7,9 @@ Format (shared by all trainers; later trainers add fields, never rename):
 ``algorithms``
     ``{name: {"history": [evaluation, ...], "final": evaluation, ...}}`` where an
     evaluation has ``iteration``, ``train_loss``, ``train_accuracy``,
-    ``test_accuracy``, ``wall_time_s`` and ``client_compute_s``; private runs add
+    ``test_accuracy``, ``wall_time_s`` and ``client_compute_s``; simulators add
+    ``simulated_time_s`` and compressing trainers ``cumulative_bits`` (each gets its
+    own plot); private runs add
     ``privacy`` (``delta``, ``epsilon_mean``, ``epsilon_max``, ``method``,
     ``proven``, ``per_client``).
 """
@@ -26,6 +28,14 @@ __all__ = ["EVALUATION_KEYS", "write_report", "plot_histories", "progress"]
 
 EVALUATION_KEYS = ("iteration", "train_loss", "train_accuracy", "test_accuracy", "wall_time_s",
                    "client_compute_s")
+
+
+X_AXES = (
+    ("iteration", "iteration", "curves_vs_iteration.png", False),
+    ("wall_time_s", "wall time (s)", "curves_vs_wall_time.png", False),
+    ("simulated_time_s", "simulated time (s)", "curves_vs_simulated_time.png", False),
+    ("cumulative_bits", "bits communicated, up + down (cumulative)", "curves_vs_bits.png", True),
+)
 
 
 def _clean(obj: Any) -> Any:
@@ -62,15 +72,22 @@ def write_report(out_dir: str | Path, config: Mapping[str, Any],
 def plot_histories(
     out_dir: str | Path, histories: Mapping[str, list[Mapping[str, Any]]]
 ) -> list[Path]:
-    """Loss and accuracy against iteration and against wall time, one line per algorithm."""
+    """Loss and accuracy against each x axis the histories have, one line per algorithm.
+
+    Always iteration and wall time; also simulated time (``simulated_time_s``, the
+    asynchronous and straggler simulators) and bits communicated (``cumulative_bits``,
+    log axis) when every history has that key.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for x_key, x_label, fname in (("iteration", "iteration", "curves_vs_iteration.png"),
-                                  ("wall_time_s", "wall time (s)", "curves_vs_wall_time.png")):
+    for x_key, x_label, fname, log_x in X_AXES:
+        present = [h for h in histories.values() if h]
+        if not present or not all(x_key in h[0] for h in present):
+            continue
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         for name, hist in histories.items():
             if not hist:
@@ -81,6 +98,8 @@ def plot_histories(
             axes[2].plot(xs, [h["test_accuracy"] for h in hist], label=name)
         for ax, title in zip(axes, ("train loss", "train accuracy", "test accuracy")):
             ax.set_xlabel(x_label)
+            if log_x:
+                ax.set_xscale("log")
             ax.set_title(title)
             ax.grid(alpha=0.3)
         axes[0].legend()

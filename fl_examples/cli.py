@@ -37,15 +37,39 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
         p = tsub.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(p)
         p.set_defaults(_train_command=module.run)
+        if not any("--threads" in a.option_strings for a in p._actions):
+            # trainers that define --threads themselves set their own default and apply it
+            p.add_argument("--threads", type=float, default=None,
+                           help="CPU threads for torch (default: torch's own choice); 1 is "
+                                "fastest for small models on a busy machine")
+            p.set_defaults(_common_threads=True)
+
+
+def set_threads(threads: float | None) -> None:
+    """Apply ``--threads`` (validated) to torch's intra-op thread pool."""
+    if threads is None:
+        return
+    from privkit import _validate
+
+    n = _validate.positive_int("threads", threads)
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def run_train(args: argparse.Namespace) -> int:
     """Run the ``train`` command chosen on the command line."""
+    if getattr(args, "_common_threads", False):
+        set_threads(args.threads)
     return int(args._train_command(args) or 0)
 
 
 def demo_trainers(out: str) -> None:
-    """A short Upcycled-FL vs FedProx vs FedAvg comparison for ``privkit demo``."""
+    """A short Upcycled-FL vs FedProx vs FedAvg comparison for ``privkit demo``.
+
+    The models are tiny, so one torch thread is fastest (and several threads spin badly
+    when the machine is busy).
+    """
     from fl_examples.upcycled import UpcycledConfig, final_table, train
 
     cfg = UpcycledConfig(dataset="synthetic:0.5,0.5", mu=1.0, lam=0.43, iterations=40,
@@ -54,6 +78,7 @@ def demo_trainers(out: str) -> None:
     print("\nUpcycled-FL vs FedProx vs FedAvg on Synthetic(0.5,0.5), 30 devices, fraction 0.3, "
           "90% stragglers,\nmu=1, lambda=0.43, 40/20/20 iterations (the paper runs 160/80/80):")
     t0 = time.perf_counter()
+    set_threads(1)
     res = train(cfg, compare=("fedprox", "fedavg"), out=out)
     print(final_table(res))
     print(f"({time.perf_counter() - t0:.0f} s; report and plots in {out}/)", file=sys.stdout)

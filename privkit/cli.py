@@ -1,4 +1,4 @@
-"""The ``privkit`` command line: epsilon, calibrate, demo, audit.
+"""The ``privkit`` command line: epsilon, calibrate, midp, demo, audit.
 
 Errors in arguments print one line naming the argument and exit with status 2.
 With ``--json`` stdout is exactly one JSON object. ``privkit audit`` exits with
@@ -18,7 +18,7 @@ from privkit import _validate
 from privkit import audit as _audit
 from privkit.accountants import Method, epsilon
 from privkit.accountants.calibration import calibrate_noise_multiplier
-from privkit.errors import PrivkitError
+from privkit.errors import InvalidParameterError, PrivkitError
 from privkit.events import gaussian_steps_event, pure_steps_event
 
 __all__ = ["main"]
@@ -110,6 +110,7 @@ def _build_parser() -> argparse.ArgumentParser:
     au.add_argument("--seed", type=_integer_or_number, default=None,
                     help="integer seed for a reproducible run (default: fresh entropy)")
     au.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_midp_parser(sub)
     return p
 
 
@@ -224,6 +225,81 @@ def _cmd_audit(a: argparse.Namespace) -> int:
     return 0 if r.passed else 1
 
 
+# ------------------------------------------------------------------ privkit midp
+def _add_midp_parser(sub: Any) -> None:
+    """``privkit midp coded``: MI-DP (nats) of one client's SCFL coded upload."""
+    mi = sub.add_parser("midp", help="mutual-information DP (nats) of a release; not an epsilon")
+    mi_sub = mi.add_subparsers(dest="mechanism", required=True, parser_class=_Parser)
+    c = mi_sub.add_parser(
+        "coded", help="SCFL coded upload G X + sigma N (and G Y + sigma_y N_y)",
+        description="MI-DP upper bound (Cuff-Yu, nats) of one client's one-time coded upload. "
+        "It covers the coded upload only (SCFL's per-epoch client gradients are unprotected) "
+        "and implies only (0, sqrt(2 nats))-DP: it is not an epsilon.")
+    c.add_argument("--rows", type=_number, required=True, help="c, number of coded rows")
+    c.add_argument("--noise-stddev", type=_number, required=True,
+                   help="sigma, absolute stddev of the feature noise (0: no privacy)")
+    c.add_argument("--norm-bound", type=_number, required=True,
+                   help="rho, L2 bound the feature rows are clipped to (bias column included)")
+    c.add_argument("--dim", type=_number, required=True, help="d, number of feature columns")
+    c.add_argument("--label-dim", type=_number, default=0,
+                   help="o, label columns uploaded as G Y (+ noise); 0 (default): no labels")
+    c.add_argument("--label-noise-stddev", type=_number, default=None,
+                   help="sigma_y (default: sigma); 0 is the paper's noiseless labels")
+    c.add_argument("--label-norm-bound", type=_number, default=None,
+                   help="rho_y, labels' L2 bound (one-hot: 1; required for continuous labels)")
+    c.add_argument("--label-kind", default="one-hot", choices=["one-hot", "continuous"],
+                   help="one-hot (categorical, default) or continuous labels")
+    c.add_argument("--bits", action="store_true", help="print bits instead of nats (text)")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _cmd_midp(a: argparse.Namespace) -> None:
+    from privkit.accountants.midp import CodedDataMiEvent, LabelMode, midp_coded_release
+
+    o = _validate.nonnegative_int("label_dim", a.label_dim)
+    categorical = a.label_kind == "one-hot"
+    sigma = _validate.nonnegative("noise_stddev", a.noise_stddev)
+    if o == 0:
+        for name in ("label_noise_stddev", "label_norm_bound"):
+            if getattr(a, name) is not None:
+                raise InvalidParameterError(name, getattr(a, name), "used with --label-dim >= 1")
+        mode, sy, ry = LabelMode.NONE, 0.0, None
+    else:
+        sy = sigma if a.label_noise_stddev is None else _validate.nonnegative(
+            "label_noise_stddev", a.label_noise_stddev)
+        mode = LabelMode.NOISY if sy > 0 else LabelMode.PAPER_NOISELESS
+        if categorical:
+            if a.label_norm_bound not in (None, 1.0):
+                raise InvalidParameterError("label_norm_bound", a.label_norm_bound,
+                                            "1 (or omitted) for one-hot labels")
+            ry = 1.0
+        else:
+            ry = (None if a.label_norm_bound is None
+                  else _validate.positive("label_norm_bound", a.label_norm_bound))
+            if ry is None and mode is LabelMode.NOISY:
+                raise InvalidParameterError("label_norm_bound", None,
+                                            "given for continuous labels with label noise")
+    ev = CodedDataMiEvent(
+        num_coded_rows=_validate.positive_int("rows", a.rows), stddev=sigma,
+        row_l2_bound=_validate.positive("norm_bound", a.norm_bound),
+        dim=_validate.positive_int("dim", a.dim), label_mode=mode, label_stddev=sy,
+        label_l2_bound=ry, label_dim=o, categorical_labels=categorical and o > 0)
+    r = midp_coded_release(ev)
+    out = r.to_dict() | {"rows": ev.num_coded_rows, "noise_stddev": sigma,
+                         "norm_bound": ev.row_l2_bound, "dim": ev.dim, "label_dim": o,
+                         "label_noise_stddev": sy, "label_norm_bound": ry,
+                         "label_kind": a.label_kind if o else None}
+    value = f"{r.bits:.6g} bits" if a.bits else f"{r.nats:.6g} nats"
+    flag = "  [labels fully disclosed]" if r.labels_fully_disclosed else ""
+    tv = out["implied_tv_delta"]
+    implied = (f"implies only (0, {tv:.3g})-DP" if tv < 1
+               else "implies no (epsilon, delta)-DP guarantee (sqrt(2 nats) >= 1)")
+    text = (f"MI-DP <= {value} per record  [{r.method}]{flag}\n"
+            f"  label mode: {r.label_mode.value}; covers: {r.covers}\n"
+            f"  average-case (Cuff-Yu); {implied}; not an epsilon")
+    _emit(out, a.json, text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``privkit`` command.
 
@@ -234,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         commands = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo,
-                    "audit": _cmd_audit, "train": _cmd_train, "report": _cmd_report}
+                    "audit": _cmd_audit, "train": _cmd_train, "report": _cmd_report,
+                    "midp": _cmd_midp}
         code = commands[args.command](args)
     except PrivkitError as exc:
         print(f"privkit: error: {exc}", file=sys.stderr)

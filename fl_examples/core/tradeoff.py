@@ -25,6 +25,14 @@ Proven epsilons
     otherwise hollow, with the legend note "epsilon not proven". A missing ``proven`` counts
     as not proven.
 
+MI-DP runs
+    A trainer whose privacy is measured in mutual-information DP (SCFL's coded upload) writes
+    ``privacy = {"measure": "mi_dp_nats", "mi_dp_nats_mean", "mi_dp_nats_max", ...}`` instead
+    of epsilons. Such points carry ``measure = "mi_dp_nats"``; their table rows hold the value
+    under ``mi_dp_nats`` (never ``epsilon``) and the plot's x axis reads "MI-DP (nats)". MI-DP
+    and epsilon cannot share an axis: mixing them in one report is refused. A sweep over the
+    coding noise gives the shape of SCFL's Fig. 2 (MI-DP against test accuracy).
+
 Numbers are never silently repaired: a NaN accuracy makes the mean NaN.
 """
 
@@ -62,6 +70,8 @@ IGNORED_CONFIG_KEYS = frozenset({
 })
 
 _EPSILON_CHOICES = ("mean", "max")
+#: Privacy measures a report can carry: (epsilon, delta)-DP or MI-DP in nats.
+MEASURES = ("epsilon", "mi_dp_nats")
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,9 @@ class RunPoint:
     source: Path  # the report.json read
     delta: float | None = None
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    measure: str = "epsilon"  # "mi_dp_nats": epsilon_* are NaN, the value is in mi_dp_nats_*
+    mi_dp_nats_mean: float = math.nan
+    mi_dp_nats_max: float = math.nan
 
     @property
     def private(self) -> bool:
@@ -88,6 +101,13 @@ class RunPoint:
     def epsilon(self, which: str = "mean") -> float:
         _check_epsilon(which)
         return self.epsilon_mean if which == "mean" else self.epsilon_max
+
+    def value(self, which: str = "mean") -> float:
+        """The privacy number in this point's ``measure`` (epsilon or MI-DP nats)."""
+        _check_epsilon(which)
+        if self.measure == "mi_dp_nats":
+            return self.mi_dp_nats_mean if which == "mean" else self.mi_dp_nats_max
+        return self.epsilon(which)
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -185,16 +205,27 @@ def _load_file(path: Path) -> list[RunPoint]:
         test_acc = _number(final["test_accuracy"], key(f"{where}.final.test_accuracy"))
         loss = _number(final["train_loss"], key(f"{where}.final.train_loss"))
         priv = entry.get("privacy")
+        measure, mi_mean, mi_max = "epsilon", math.nan, math.nan
         if priv is None:
             run_kind, eps_mean, eps_max, proven, delta = "none", math.inf, math.inf, True, None
         else:
             if not isinstance(priv, dict):
                 raise InvalidParameterError(key(f"{where}.privacy"), priv, "a JSON object")
-            for k in ("epsilon_mean", "epsilon_max"):
+            measure = priv.get("measure", "epsilon")
+            if measure not in MEASURES:
+                raise InvalidParameterError(key(f"{where}.privacy.measure"), measure,
+                                            "'epsilon' or 'mi_dp_nats'")
+            names = (("epsilon_mean", "epsilon_max") if measure == "epsilon"
+                     else ("mi_dp_nats_mean", "mi_dp_nats_max"))
+            for k in names:
                 if k not in priv:
                     raise InvalidParameterError(key(f"{where}.privacy.{k}"), None, "present")
-            eps_mean = _number(priv["epsilon_mean"], key(f"{where}.privacy.epsilon_mean"))
-            eps_max = _number(priv["epsilon_max"], key(f"{where}.privacy.epsilon_max"))
+            lo_hi = [_number(priv[k], key(f"{where}.privacy.{k}")) for k in names]
+            if measure == "epsilon":
+                eps_mean, eps_max = lo_hi
+            else:
+                eps_mean = eps_max = math.nan  # an MI-DP run has no epsilon
+                mi_mean, mi_max = lo_hi
             proven = priv.get("proven", False)
             if not isinstance(proven, bool):
                 raise InvalidParameterError(key(f"{where}.privacy.proven"), proven,
@@ -207,7 +238,8 @@ def _load_file(path: Path) -> list[RunPoint]:
             algorithm=str(name), seed=seed, dataset=dataset, privacy=run_kind,
             epsilon_mean=eps_mean, epsilon_max=eps_max, proven=proven,
             test_accuracy=test_acc, train_loss=loss, source=path, delta=delta,
-            config=dict(config)))
+            config=dict(config), measure=measure, mi_dp_nats_mean=mi_mean,
+            mi_dp_nats_max=mi_max))
     return points
 
 
@@ -256,6 +288,8 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
     """Aggregate runs over seeds: one row per (algorithm, privacy kind, dataset, setting).
 
     ``epsilon`` picks each run's ``epsilon_mean`` or ``epsilon_max`` (over clients). Each row
+    also has ``measure``: for MI-DP points (``"mi_dp_nats"``) the keys ``epsilon*`` below are
+    named ``mi_dp_nats*`` instead. Each row
     has ``algorithm``, ``privacy``, ``dataset``, ``setting`` (the config keys that vary along
     the curve, as a dict) and ``label`` (the same as text), ``n_runs``, ``n_seeds``, ``seeds``,
     ``epsilon_stat``, then ``epsilon``, ``test_accuracy``, ``train_loss`` (means over runs)
@@ -269,7 +303,7 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
     settings: dict[tuple[Any, ...], dict[str, Any]] = {}
     for p in points:
         setting = {k: v for k, v in p.config.items() if k not in ignored}
-        gkey = (p.algorithm, p.privacy, p.dataset, _canonical(setting))
+        gkey = (p.algorithm, p.privacy, p.dataset, _canonical(setting), p.measure)
         groups.setdefault(gkey, []).append(p)
         settings[gkey] = setting
 
@@ -287,10 +321,10 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
 
     rows = []
     for gkey, runs in groups.items():
-        alg, kind, dataset, _ = gkey
+        alg, kind, dataset, _, measure = gkey
         keys = sorted(varying[gkey[:3]])
         setting = {k: settings[gkey].get(k) for k in keys}
-        eps = _stats([r.epsilon(epsilon) for r in runs])
+        eps = _stats([r.value(epsilon) for r in runs])
         acc = _stats([r.test_accuracy for r in runs])
         loss = _stats([r.train_loss for r in runs])
         deltas = sorted({r.delta for r in runs if r.delta is not None})
@@ -300,8 +334,8 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
             "setting": setting, "label": ", ".join(f"{k}={_fmt_value(v)}"
                                                    for k, v in setting.items()),
             "n_runs": len(runs), "n_seeds": len(set(seeds)), "seeds": seeds,
-            "epsilon_stat": epsilon,
-            "epsilon": eps[0], "epsilon_lo": eps[1], "epsilon_hi": eps[2],
+            "epsilon_stat": epsilon, "measure": measure,
+            measure: eps[0], f"{measure}_lo": eps[1], f"{measure}_hi": eps[2],
             "test_accuracy": acc[0], "test_accuracy_lo": acc[1], "test_accuracy_hi": acc[2],
             "train_loss": loss[0], "train_loss_lo": loss[1], "train_loss_hi": loss[2],
             "proven": all(r.proven for r in runs),
@@ -310,7 +344,7 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
         })
 
     def order(row: dict[str, Any]) -> tuple[Any, ...]:
-        e = row["epsilon"]
+        e = row[row["measure"]]
         return (row["algorithm"], row["privacy"], row["dataset"],
                 math.isnan(e), e if not math.isnan(e) else 0.0, row["label"])
 
@@ -337,13 +371,17 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
     stat = rows[0]["epsilon_stat"] if rows else "mean"
-    header = ["algorithm", "privacy", "setting", "seeds", f"epsilon ({stat})", "proven",
+    measures = {r.get("measure", "epsilon") for r in rows if r["privacy"] != "none"}
+    name = "MI-DP nats" if measures == {"mi_dp_nats"} else "epsilon"
+    if len(measures) > 1:
+        name = "epsilon | MI-DP nats"
+    header = ["algorithm", "privacy", "setting", "seeds", f"{name} ({stat})", "proven",
               "test acc", "train loss"]
     body = []
     for r in rows:
         body.append([
             r["algorithm"], r["privacy"] + (f" [{r['dataset']}]" if r["dataset"] else ""),
-            r["label"] or "-", str(r["n_runs"]), rng(r, "epsilon", ".3f"),
+            r["label"] or "-", str(r["n_runs"]), rng(r, r.get("measure", "epsilon"), ".3f"),
             ("-" if r["privacy"] == "none" else ("yes" if r["proven"] else "NO")),
             rng(r, "test_accuracy", ".4f"), rng(r, "train_loss", ".4f"),
         ])
@@ -351,7 +389,9 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [header, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("values: mean over seeds [min, max]; epsilon inf = not private")
+    lines.append("values: mean over seeds [min, max]; epsilon inf = not private"
+                 + ("; MI-DP (Cuff-Yu, nats) is not an epsilon" if "mi_dp_nats" in measures
+                    else ""))
     return "\n".join(lines)
 
 
@@ -379,6 +419,12 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
 
     fmt = out.suffix.lstrip(".").lower()
     rows = tradeoff_table(points, epsilon=epsilon)
+    measures = {r["measure"] for r in rows if r["privacy"] != "none"}
+    if len(measures) > 1:
+        raise InvalidParameterError(
+            "RUN_DIRS", sorted({str(p.source) for p in points}),
+            "runs of one privacy measure: epsilon and MI-DP (nats) cannot share an axis")
+    measure = measures.pop() if measures else "epsilon"
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     try:
         supported = fig.canvas.get_supported_filetypes()
@@ -391,6 +437,8 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
         several_datasets = len({c[2] for c in curves}) > 1
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         omitted: list[str] = []
+        # an axis whose values are all NaN (e.g. accuracy of a regression) gets no log scale
+        with_data = {"test_accuracy": False, "train_loss": False}
         any_unproven = False
         finite_eps: list[float] = []
         for i, ((alg, kind, dataset), crows) in enumerate(curves.items()):
@@ -408,17 +456,19 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
                             ax.axhspan(r[f"{k}_lo"], r[f"{k}_hi"], color=color, alpha=0.12,
                                        lw=0)
                 continue
-            placed = [r for r in crows if math.isfinite(r["epsilon"])]
-            omitted += [f"{name} {r['label']}".strip() + f" (epsilon {r['epsilon']})"
-                        for r in crows if not math.isfinite(r["epsilon"])]
+            placed = [r for r in crows if math.isfinite(r[measure])]
+            omitted += [f"{name} {r['label']}".strip() + f" ({measure} {r[measure]})"
+                        for r in crows if not math.isfinite(r[measure])]
             if not placed:
                 continue
-            xs = [r["epsilon"] for r in placed]
-            finite_eps += [r["epsilon_lo"] for r in placed] + [r["epsilon_hi"] for r in placed]
-            xerr = [[x - r["epsilon_lo"] for x, r in zip(xs, placed)],
-                    [r["epsilon_hi"] - x for x, r in zip(xs, placed)]]
+            xs = [r[measure] for r in placed]
+            finite_eps += ([r[f"{measure}_lo"] for r in placed]
+                           + [r[f"{measure}_hi"] for r in placed])
+            xerr = [[x - r[f"{measure}_lo"] for x, r in zip(xs, placed)],
+                    [r[f"{measure}_hi"] - x for x, r in zip(xs, placed)]]
             for ax, k in zip(axes, ("test_accuracy", "train_loss")):
                 ys = [r[k] for r in placed]
+                with_data[k] |= any(math.isfinite(y) for y in ys)
                 yerr = [[y - r[f"{k}_lo"] for y, r in zip(ys, placed)],
                         [r[f"{k}_hi"] - y for y, r in zip(ys, placed)]]
                 ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="-", color=color, capsize=3,
@@ -435,14 +485,16 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
         log_x = bool(positive) and len(positive) == len(finite_eps) \
             and max(positive) / min(positive) > 30
         deltas = {r["delta"] for r in rows if r["privacy"] != "none"
-                  and isinstance(r["delta"], float)}
+                  and isinstance(r["delta"], float)} if measure == "epsilon" else set()
         delta_txt = f", delta = {deltas.pop():g}" if len(deltas) == 1 else ""
         for ax, title in zip(axes, ("test accuracy", "train loss")):
-            ax.set_xlabel(f"epsilon ({epsilon} over clients{delta_txt})")
+            ax.set_xlabel(f"epsilon ({epsilon} over clients{delta_txt})" if measure == "epsilon"
+                          else f"MI-DP, nats ({epsilon} over clients; coded upload only, "
+                          "not an epsilon)")
             ax.set_ylabel(title)
             ax.set_title(f"{title} vs privacy")
             ax.grid(alpha=0.3)
-            if log_x:
+            if log_x and with_data["test_accuracy" if title == "test accuracy" else "train_loss"]:
                 ax.set_xscale("log")
         handles, labels = axes[0].get_legend_handles_labels()
         if any_unproven:
@@ -454,7 +506,8 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
         fig.suptitle("privacy-utility trade-off (mean over seeds; bars: min-max over seeds)",
                      fontsize=10)
         if omitted:
-            fig.text(0.01, 0.01, "not plotted (epsilon not finite): " + "; ".join(omitted),
+            what = "epsilon" if measure == "epsilon" else "MI-DP"
+            fig.text(0.01, 0.01, f"not plotted ({what} not finite): " + "; ".join(omitted),
                      fontsize=7, color="gray")
         fig.tight_layout(rect=(0, 0.04 if omitted else 0, 1, 1))
         buf = io.BytesIO()

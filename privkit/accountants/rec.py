@@ -1,0 +1,548 @@
+"""Renyi-DP of DP-REC messages, composition, and client sampling with replacement.
+
+**One message** (:class:`RecDpEvent`). In units sigma = 1 a client sends, per group, K
+candidates ``z_k ~ N(0, I)`` (public through the seed) and an index drawn from
+``softmax_k <z_k, u>`` with ``||u|| <= c = C / sigma``. The paper's privacy theorem is not
+available, so privkit prices a message with the derived and numerically checked bound of its
+spec (Theorem R, "dp_rec" sections 5.4-5.6), plain RDP with no failure probability:
+
+* ``REPLACE_ONE`` (any two updates of the C-ball), at p* = (2 alpha - 1)/(alpha - 1) and on a
+  geometric p grid around it (the minimum is kept)::
+
+      eps(alpha) <= (1/beta) { (A + B + 2 alpha beta) c^2 / 2 + (1/p) log m+_{K-1}(beta p, c)
+                               + (1/q) log m-_{K-1}(alpha q, c) },   beta = alpha - 1,
+      A = max(alpha beta, alpha^2/(p-1)), B = max(alpha beta, beta^2 (p-1)), q = p/(p-1);
+
+  at p* this is ``2 alpha c^2 + log m+(2a-1)/(2a-1) + alpha log m-(2a-1)/((a-1)(2a-1))``.
+* ``ADD_OR_REMOVE_ONE`` (zero-out: an absent client encodes 0): the larger of
+  "remove" ``alpha c^2/2 + log m-_{K-1}(alpha, c)/(alpha - 1)`` and "add" ``alpha c^2/2``
+  (alpha <= 2) or ``alpha c^2/2 + log m+_{K-1}(alpha - 1, c)/(alpha - 1)`` (alpha > 2).
+
+Here ``m+_n(r, c) = E[Ybar_n^r]`` and ``m-_n(s, c) = E[Ybar_n^-s]`` for the mean ``Ybar_n`` of n
+i.i.d. ``Y = exp(c G - c^2/2)``, ``G ~ N(0, 1)``. Both tend to 1 as K grows, so the bound tends
+to the Gaussian mechanism's RDP (``2 alpha c^2`` replace-one, ``alpha c^2/2`` zero-out). The
+bound depends only on c and K, not on the number of groups or the dimension. Since
+``D_alpha`` is non-decreasing in alpha, the curve reported is ``min_{alpha' >= alpha}`` of the
+bound. Orders above 256 are priced ``inf`` (never chosen by the conversion).
+
+Numerics (all in log space, float64): ``m+`` for integer r is ``r! [t^r] S(t)^n / n^r`` with
+``S(t) = sum_k e^{k(k-1)c^2/2} t^k/k!``, by binary powering of the series truncated at degree
+511 (``logsumexp`` convolutions of positive terms), linear interpolation of ``log m+`` between
+integers (an upper bound by log-convexity); ``m-`` is
+``(n^s/Gamma(s)) int exp(s y) Lbar(e^y)^n dy`` with ``Lbar(x) = E exp(-x Y)`` tabulated on a
+y grid (trapezoid in g around the mode), a cubic spline, and a trapezoid in y over the window
+where the log-integrand is within 80 of its maximum; where that window leaves the table, the
+closed-form cap ``m-_n <= m-_1 = e^{s(s+1)c^2/2}`` is used.
+
+**Client sampling with replacement** (``SampledWithReplacementDpEvent(N, 1, inner)``). Each
+round the server makes |S'| independent uniform draws from a fixed, public population of
+N = |S| clients; each draw sends one freshly seeded message. A run of T rounds is
+``SelfComposedDpEvent(SampledWithReplacementDpEvent(N, 1, RecDpEvent(...)), T * |S'|)``,
+priced under ``REPLACE_ONE`` with the general subsampled-RDP bound of Wang, Balle &
+Kasiviswanathan (AISTATS 2019, Theorem 9) at gamma = 1/N, for integer alpha >= 2::
+
+    eps'(alpha) = log(1 + gamma^2 C(alpha,2) min{4 (e^{eps(2)} - 1), 2 e^{eps(2)}}
+                       + sum_{j=3}^{alpha} 2 gamma^j C(alpha,j) e^{(j-1) eps(j)}) / (alpha - 1)
+
+(the theorem's factors ``min{2, (e^{eps(inf)} - 1)^j}`` equal 2 because REC, like the Gaussian,
+has ``eps(inf) = inf``); between integers ``(alpha - 1) eps'(alpha)`` is interpolated linearly
+(their Corollary 10; alpha in (1, 2) interpolates from 0 at alpha = 1). This *amplified*
+(central) guarantee holds only if nobody it is stated against can link a message to a client and
+the sampling outcome stays secret (an anonymising channel or a trusted sampler); against a
+server that sees who sends what only the *local* guarantee, the plain composition of each
+client's messages, holds. :func:`rec_epsilons` reports both.
+
+Example:
+    >>> ev = RecDpEvent(noise_multiplier=2.0, num_candidates=16, num_groups=1)
+    >>> [round(float(v), 4) for v in rec_rdp([2.0, 8.0], 2.0, 16)]
+    [1.0933, 4.3031]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import attr
+import numpy as np
+from dp_accounting import dp_event
+from scipy import interpolate, special
+
+from privkit import _validate
+from privkit.accountants import rdp as rdp_lib
+from privkit.accountants import rules
+from privkit.accountants.rules import NeighboringRelation
+from privkit.errors import InvalidParameterError, UnsupportedEventError
+from privkit.events import (
+    SampledWithReplacementDpEvent,
+    SelfComposedDpEvent,
+    register_event_module,
+)
+
+__all__ = [
+    "RecDpEvent",
+    "MAX_ORDER",
+    "log_m_plus",
+    "log_m_minus",
+    "rec_rdp",
+    "rec_rdp_replace_one_pstar",
+    "rec_rdp_zero_out",
+    "subsampled_with_replacement_rdp",
+    "rec_run_event",
+    "rec_epsilons",
+    "AMPLIFICATION_ASSUMPTION",
+]
+
+#: Largest RDP order priced (m+ is exact to degree 2 * MAX_ORDER - 1); higher orders get inf.
+MAX_ORDER = 256
+_R_MAX = 2 * MAX_ORDER - 1
+MAX_CANDIDATES = 1 << 24
+_WINDOW = 80.0  # log-integrand kept within this of its maximum
+AMPLIFICATION_ASSUMPTION = (
+    "amplification by sampling with replacement: a fixed public population of N clients, "
+    "|S'| independent uniform draws per round, one freshly seeded message per draw, and nobody "
+    "the guarantee is stated against can link a message to a client or learn the sample "
+    "(anonymising channel or trusted sampler); otherwise only the local guarantee holds")
+
+
+def _relation_name(value: Any) -> str:
+    if isinstance(value, NeighboringRelation):
+        return value.name
+    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
+        return value.upper()
+    raise InvalidParameterError("RecDpEvent.neighboring_relation", value,
+                                "REPLACE_ONE or ADD_OR_REMOVE_ONE")
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RecDpEvent(dp_event.DpEvent):
+    """One DP-REC message: a clipped update sent as K candidates per group plus indices.
+
+    Attributes:
+        noise_multiplier: sigma / C, the prior std over the update's L2 clip norm (c = 1/it).
+        num_candidates: K = 2**bits, candidates per group, integer in [2, 2**24].
+        num_groups: M, groups the update was split into (the bound does not depend on it).
+        neighboring_relation: ``"REPLACE_ONE"`` (any two updates of the C-ball; default) or
+            ``"ADD_OR_REMOVE_ONE"`` (zero-out: an absent client encodes the zero update).
+    """
+
+    noise_multiplier: float
+    num_candidates: int
+    num_groups: int = 1
+    neighboring_relation: str = attr.ib(default="REPLACE_ONE", converter=_relation_name)
+
+    def __attrs_post_init__(self) -> None:
+        _validate.positive("RecDpEvent.noise_multiplier", self.noise_multiplier)
+        k = _validate.positive_int("RecDpEvent.num_candidates", self.num_candidates)
+        if not 2 <= k <= MAX_CANDIDATES:
+            raise InvalidParameterError("RecDpEvent.num_candidates", k, "in [2, 2**24]")
+        _validate.positive_int("RecDpEvent.num_groups", self.num_groups)
+
+
+register_event_module(__name__)
+
+
+# ------------------------------------------------------------------ moments
+def _log_conv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """log of the coefficients of (sum e^a_i t^i)(sum e^b_j t^j), truncated to len(a)."""
+    n = a.size
+    m = np.full((n, 2 * n - 1), -np.inf)
+    rows = np.arange(n)[:, None]
+    cols = rows + np.arange(n)[None, :]
+    m[np.broadcast_to(rows, (n, n)), cols] = a[:, None] + b[None, :]
+    return special.logsumexp(m[:, :n], axis=0)
+
+
+@functools.lru_cache(maxsize=256)
+def _log_m_plus_table(n: int, c: float) -> np.ndarray:
+    """log m+_n(r, c) for r = 0.._R_MAX (integer r), exact series."""
+    k = np.arange(_R_MAX + 1, dtype=np.float64)
+    base = k * (k - 1) * c * c / 2.0 - special.gammaln(k + 1)
+    result = np.full_like(base, -np.inf)
+    result[0] = 0.0
+    power, e = base, n
+    while e:
+        if e & 1:
+            result = _log_conv(result, power)
+        e >>= 1
+        if e:
+            power = _log_conv(power, power)
+    out = special.gammaln(k + 1) + result - k * math.log(n)
+    out[0] = 0.0
+    out[1] = 0.0  # E Ybar = 1 exactly
+    out.setflags(write=False)
+    return out
+
+
+def log_m_plus(n: int, c: float, r: Any) -> np.ndarray:
+    """log E[Ybar_n^r] for r >= 1 (integers exact; between integers a linear upper bound).
+
+    Example:
+        >>> round(float(log_m_plus(15, 0.5, 3)), 10)
+        0.0563638137
+    """
+    n = _validate.positive_int("n", n)
+    c = _validate.positive("c", c)
+    r = np.asarray(r, dtype=np.float64)
+    if not (np.all(r >= 1) and np.all(np.isfinite(r))):
+        raise InvalidParameterError("r", r, "finite and >= 1")
+    table = _log_m_plus_table(n, c)
+    lo = np.floor(r).astype(np.int64)
+    out = np.full(r.shape, np.inf)
+    ok = lo <= _R_MAX
+    lo_c = np.minimum(lo, _R_MAX)
+    hi_c = np.minimum(lo_c + 1, _R_MAX)
+    frac = r - lo
+    vals = table[lo_c] + frac * (table[hi_c] - table[lo_c])
+    out[ok] = np.where(frac[ok] == 0, table[lo_c][ok], vals[ok])
+    out[ok & (r > _R_MAX)] = np.inf
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _log_lbar_spline(c: float) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Cubic spline of y -> log E exp(-e^y Y) on y in [-60, 60] (plus the table itself)."""
+    y = np.linspace(-60.0, 60.0, 2401)
+    a = y - c * c / 2.0
+    g = np.zeros_like(y)
+    for _ in range(400):  # Newton on h(g) = g + c e^{a + c g}: convex, increasing, from the right
+        ex = np.exp(np.minimum(a + c * g, 700.0))
+        step = (g + c * ex) / (1.0 + c * c * ex)
+        g = g - step
+        if np.max(np.abs(step)) < 1e-13:
+            break
+    offs = np.linspace(-13.0, 13.0, 2601)
+    dg = offs[1] - offs[0]
+    out = np.empty_like(y)
+    for s in range(0, y.size, 200):
+        gg = g[s:s + 200, None] + offs[None, :]
+        f = -0.5 * gg * gg - np.exp(np.minimum(a[s:s + 200, None] + c * gg, 700.0))
+        out[s:s + 200] = special.logsumexp(f, axis=1) + math.log(dg) - 0.5 * math.log(2 * math.pi)
+    out = np.minimum(out, 0.0)
+    return interpolate.CubicSpline(y, out), y, out
+
+
+def log_m_minus(n: int, c: float, s: Any) -> np.ndarray:
+    """log E[Ybar_n^-s] for s > 0 (integral representation; capped by the n = 1 closed form).
+
+    Example:
+        >>> round(float(log_m_minus(15, 0.5, 3)), 6)
+        0.111744
+    """
+    n = _validate.positive_int("n", n)
+    c = _validate.positive("c", c)
+    s = np.atleast_1d(np.asarray(s, dtype=np.float64))
+    if not (np.all(s > 0) and np.all(np.isfinite(s))):
+        raise InvalidParameterError("s", s, "finite and > 0")
+    spline, y, table = _log_lbar_spline(c)
+    cap = s * (s + 1.0) * c * c / 2.0
+    out = cap.copy()
+    dy = y[1] - y[0]
+    for start in range(0, s.size, 256):
+        sc = s[start:start + 256]
+        coarse = sc[:, None] * y[None, :] + n * table[None, :]
+        imax = np.argmax(coarse, axis=1)
+        top = coarse[np.arange(sc.size), imax]
+        for i in range(sc.size):
+            keep = np.flatnonzero(coarse[i] >= top[i] - _WINDOW)
+            lo, hi = keep[0], keep[-1]
+            if lo == 0 or hi == y.size - 1 or imax[i] in (0, y.size - 1):
+                continue  # the mass leaves the table: keep the cap
+            yy = np.linspace(y[lo] - dy, y[hi] + dy, 4001)
+            f = sc[i] * yy + n * np.minimum(spline(yy), 0.0)
+            log_int = special.logsumexp(f) + math.log(yy[1] - yy[0])
+            val = sc[i] * math.log(n) - special.gammaln(sc[i]) + log_int
+            out[start + i] = max(0.0, min(val, cap[start + i]))
+    return out
+
+
+# ------------------------------------------------------------------ one message
+def _check_orders(orders: Any) -> np.ndarray:
+    a = np.atleast_1d(np.asarray(orders, dtype=np.float64))
+    if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or not np.all(a > 1):
+        raise InvalidParameterError("orders", orders, "a non-empty list of finite orders > 1")
+    return a
+
+
+def _envelope(orders: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """min over alpha' >= alpha (D_alpha is non-decreasing in alpha)."""
+    idx = np.argsort(orders, kind="stable")
+    v = values[idx]
+    env = np.minimum.accumulate(v[::-1])[::-1]
+    out = np.empty_like(values)
+    out[idx] = env
+    return out
+
+
+def rec_rdp_replace_one_pstar(orders: Any, noise_multiplier: float,
+                              num_candidates: int) -> np.ndarray:
+    """Theorem R at p* (replace-one), without the p grid or the envelope (spec 5.5)."""
+    a = _check_orders(orders)
+    c, n = _c_n(noise_multiplier, num_candidates)
+    r = 2 * a - 1
+    lp = log_m_plus(n, c, r)
+    lm = log_m_minus(n, c, r)
+    with np.errstate(invalid="ignore"):
+        val = 2 * a * c * c + lp / r + a * lm / ((a - 1) * r)
+    return np.where(a > MAX_ORDER, np.inf, val)
+
+
+def _c_n(noise_multiplier: float, num_candidates: int) -> tuple[float, int]:
+    z = _validate.positive("noise_multiplier", noise_multiplier)
+    k = _validate.positive_int("num_candidates", num_candidates)
+    if not 2 <= k <= MAX_CANDIDATES:
+        raise InvalidParameterError("num_candidates", k, "in [2, 2**24]")
+    return 1.0 / z, k - 1
+
+
+def _replace_one(a: np.ndarray, c: float, n: int, grid_points: int) -> np.ndarray:
+    out = rec_rdp_replace_one_pstar(a, 1.0 / c, n + 1)
+    if grid_points <= 0:
+        return out
+    for i, alpha in enumerate(a):
+        if alpha > MAX_ORDER:
+            continue
+        beta = alpha - 1
+        pstar = (2 * alpha - 1) / beta
+        p = pstar * np.exp(np.linspace(-1.5, 1.5, grid_points))
+        p = p[(p > 1) & (beta * p >= 1) & (beta * p <= _R_MAX)]
+        if p.size == 0:
+            continue
+        q = p / (p - 1)
+        big_a = np.maximum(alpha * beta, alpha * alpha / (p - 1))
+        big_b = np.maximum(alpha * beta, beta * beta * (p - 1))
+        vals = ((big_a + big_b + 2 * alpha * beta) * c * c / 2
+                + log_m_plus(n, c, beta * p) / p + log_m_minus(n, c, alpha * q) / q) / beta
+        out[i] = min(out[i], float(np.min(vals)))
+    return out
+
+
+def rec_rdp_zero_out(orders: Any, noise_multiplier: float, num_candidates: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(add, remove) bounds of spec 5.6 (zero-out), before the envelope."""
+    a = _check_orders(orders)
+    c, n = _c_n(noise_multiplier, num_candidates)
+    gauss = a * c * c / 2
+    remove = gauss + log_m_minus(n, c, a) / (a - 1)
+    add = gauss.copy()
+    big = a > 2
+    if big.any():
+        add[big] = gauss[big] + log_m_plus(n, c, a[big] - 1) / (a[big] - 1)
+    over = a > MAX_ORDER
+    add[over] = np.inf
+    remove[over] = np.inf
+    return add, remove
+
+
+@functools.lru_cache(maxsize=256)
+def _rec_rdp_cached(orders: tuple[float, ...], z: float, k: int, relation: str,
+                    grid_points: int) -> np.ndarray:
+    a = np.asarray(orders, dtype=np.float64)
+    c, n = _c_n(z, k)
+    if relation == "REPLACE_ONE":
+        vals = _replace_one(a, c, n, grid_points)
+    else:
+        add, remove = rec_rdp_zero_out(a, z, k)
+        vals = np.maximum(add, remove)
+    vals = np.where(np.isnan(vals), np.inf, vals)
+    out = _envelope(a, vals)
+    out.setflags(write=False)
+    return out
+
+
+def rec_rdp(orders: Any, noise_multiplier: float, num_candidates: int,
+            neighboring_relation: Any = "REPLACE_ONE", *, grid_points: int = 24) -> np.ndarray:
+    """RDP upper bound of one REC message at ``orders`` (Theorem R; see the module docstring).
+
+    Args:
+        orders: RDP orders alpha > 1 (non-integers allowed); orders > 256 give inf.
+        noise_multiplier: sigma / C, > 0.
+        num_candidates: K, integer in [2, 2**24].
+        neighboring_relation: ``REPLACE_ONE`` or ``ADD_OR_REMOVE_ONE`` (zero-out).
+        grid_points: size of the Hoelder p grid around p* (replace-one; 0: p* only).
+
+    Returns:
+        A float64 array, non-decreasing in alpha (the envelope ``min_{alpha' >= alpha}``).
+    """
+    a = _check_orders(orders)
+    rel = _relation_name(neighboring_relation)
+    gp = _validate.nonnegative_int("grid_points", grid_points)
+    return np.array(_rec_rdp_cached(tuple(a.tolist()), float(noise_multiplier),
+                                    int(num_candidates), rel, gp))
+
+
+# ------------------------------------------------------------------ sampling with replacement
+def subsampled_with_replacement_rdp(base: Any, population_size: int, orders: Any) -> np.ndarray:
+    """Wang-Balle-Kasiviswanathan (AISTATS 2019) Thm 9 at gamma = 1/N: one draw of N.
+
+    Args:
+        base: callable ``orders -> RDP`` (replace-one) of the mechanism applied to the drawn
+            client, evaluated at the integer orders 2..ceil(max order).
+        population_size: N, the number of clients drawn from (gamma = 1/N), >= 1.
+        orders: orders > 1 at which to return the amplified RDP.
+
+    Returns:
+        The amplified RDP of one draw (float64; inf where the base is inf).
+    """
+    n_pop = _validate.positive_int("population_size", population_size)
+    a = _check_orders(orders)
+    if n_pop == 1:
+        return np.asarray(base(a), dtype=np.float64)
+    top = int(min(math.ceil(a.max()), MAX_ORDER + 1))
+    ints = np.arange(2, max(top, 2) + 1, dtype=np.float64)
+    eps = np.asarray(base(ints), dtype=np.float64)
+    if eps.shape != ints.shape or np.isnan(eps).any() or (eps < 0).any():
+        raise InvalidParameterError("base", "its curve", "non-negative RDP values")
+    log_g = -math.log(n_pop)
+    amp = np.full(ints.shape, np.inf)
+    e2 = eps[0]
+    term2_inner = min(math.log(4.0) + math.log(math.expm1(e2)) if e2 > 0 else -math.inf,
+                      math.log(2.0) + e2)
+    for i, alpha in enumerate(ints.astype(np.int64)):
+        if not np.isfinite(eps[: alpha - 1]).all():
+            continue  # a base value that enters the sum is inf: the bound is inf
+        lc2 = special.gammaln(alpha + 1) - special.gammaln(3) - special.gammaln(alpha - 1)
+        terms = [0.0, 2 * log_g + lc2 + term2_inner]
+        if alpha >= 3:
+            j = np.arange(3, alpha + 1)
+            lcj = (special.gammaln(alpha + 1) - special.gammaln(j + 1)
+                   - special.gammaln(alpha - j + 1))
+            terms.extend((math.log(2.0) + j * log_g + lcj + (j - 1) * eps[j - 2]).tolist())
+        amp[i] = special.logsumexp(terms) / (alpha - 1)
+    # (alpha - 1) eps'(alpha) interpolated between integers; 0 at alpha = 1.
+    ys = np.concatenate([[0.0], (ints - 1) * amp])
+    out = np.full(a.shape, np.inf)
+    for i, alpha in enumerate(a):
+        if alpha > ints[-1]:
+            continue
+        lo = int(math.floor(alpha))
+        hi = lo + 1 if lo < alpha else lo
+        ylo, yhi = ys[lo - 1], ys[hi - 1]
+        if not (np.isfinite(ylo) and np.isfinite(yhi)):
+            continue
+        val = ylo + (alpha - lo) * (yhi - ylo) if hi != lo else ylo
+        out[i] = val / (alpha - 1)
+    return out
+
+
+def rec_run_event(*, noise_multiplier: float, num_candidates: int, population_size: int,
+                  messages: int, num_groups: int = 1) -> dp_event.DpEvent:
+    """The amplified event of ``messages`` with-replacement draws (T * |S'| in a run).
+
+    Example:
+        >>> ev = rec_run_event(noise_multiplier=2.0, num_candidates=256, population_size=1000,
+        ...                    messages=10_000)
+        >>> ev.count, ev.event.source_dataset_size
+        (10000, 1000)
+    """
+    inner = RecDpEvent(noise_multiplier, num_candidates, num_groups, "REPLACE_ONE")
+    n = _validate.positive_int("population_size", population_size)
+    t = _validate.positive_int("messages", messages)
+    return SelfComposedDpEvent(SampledWithReplacementDpEvent(n, 1, inner), t)
+
+
+def rec_epsilons(*, noise_multiplier: float, num_candidates: int, population_size: int,
+                 draws_per_round: int, rounds: int, delta: float,
+                 messages_of_client: int | None = None) -> dict[str, Any]:
+    """Central (amplified) and local epsilon of a DP-REC run, with their assumptions.
+
+    Args:
+        noise_multiplier: sigma / C.
+        num_candidates: K.
+        population_size: N = |S| clients.
+        draws_per_round: |S'|, draws with replacement per round.
+        rounds: T.
+        delta: delta of both guarantees.
+        messages_of_client: messages one client actually sent (local guarantee); default the
+            expected number T |S'| / N, rounded up.
+
+    Returns:
+        ``{"central": {...}, "local": {...}}``, each with epsilon, order, method and assumptions.
+
+    Example:
+        >>> r = rec_epsilons(noise_multiplier=2.0, num_candidates=256, population_size=1000,
+        ...                  draws_per_round=10, rounds=1000, delta=1e-5, messages_of_client=10)
+        >>> round(r["central"]["epsilon"], 2), round(r["local"]["epsilon"], 2)
+        (1.05, 19.87)
+    """
+    from privkit.accountants.accountant import epsilon as price
+
+    d = _validate.delta("delta", delta)
+    s = _validate.positive_int("draws_per_round", draws_per_round)
+    t = _validate.positive_int("rounds", rounds)
+    n = _validate.positive_int("population_size", population_size)
+    k_i = (math.ceil(t * s / n) if messages_of_client is None
+           else _validate.nonnegative_int("messages_of_client", messages_of_client))
+    central_ev = rec_run_event(noise_multiplier=noise_multiplier, num_candidates=num_candidates,
+                               population_size=n, messages=t * s)
+    central = price(central_ev, d, "rdp", neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    out: dict[str, Any] = {"central": central.to_dict() | {"event": "T*|S'| draws at 1/N"}}
+    if k_i == 0:
+        out["local"] = {"epsilon": 0.0, "delta": d, "method": "none (no messages)",
+                        "assumptions": []}
+    else:
+        local_ev = SelfComposedDpEvent(RecDpEvent(noise_multiplier, num_candidates), k_i)
+        local = price(local_ev, d, "rdp", neighboring_relation=NeighboringRelation.REPLACE_ONE)
+        out["local"] = local.to_dict() | {"messages": k_i}
+    return out
+
+
+# ------------------------------------------------------------------ accounting rules
+def _effective_relation(event: RecDpEvent, relation: Any) -> str:
+    # The replace-one curve bounds every pair of the ball, the zero-out pairs included.
+    if event.neighboring_relation == "REPLACE_ONE" or relation == NeighboringRelation.REPLACE_ONE:
+        return "REPLACE_ONE"
+    return "ADD_OR_REMOVE_ONE"
+
+
+@rules.rdp_curve.register
+def _(event: RecDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    return rec_rdp(orders, event.noise_multiplier, event.num_candidates,
+                   _effective_relation(event, relation))
+
+
+@rules.notes.register
+def _(event: RecDpEvent) -> tuple[str, ...]:
+    return ("REC message: Theorem R RDP bound (derived, numerically checked; not the paper's "
+            "Theorem 1); fresh unique seeds; selection randomness private to the client",)
+
+
+@rules.check_atom.register
+def _(event: SampledWithReplacementDpEvent) -> None:
+    _validate.positive_int("SampledWithReplacementDpEvent.source_dataset_size",
+                           event.source_dataset_size)
+    _validate.positive_int("SampledWithReplacementDpEvent.sample_size", event.sample_size)
+    inner = event.event
+    if isinstance(inner, (dp_event.ComposedDpEvent, dp_event.SelfComposedDpEvent)):
+        raise UnsupportedEventError("SampledWithReplacementDpEvent of a composition is not "
+                                    "supported")
+    rules.check_atom(inner)
+
+
+@rules.rdp_curve.register
+def _(event: SampledWithReplacementDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    if int(event.sample_size) != 1:
+        raise UnsupportedEventError("sampling with replacement is priced for sample_size 1 "
+                                    "(one draw per event; compose T*|S'| of them)")
+    if relation != NeighboringRelation.REPLACE_ONE:
+        raise UnsupportedEventError("sampling with replacement from a fixed population is "
+                                    "priced under REPLACE_ONE only (pass neighboring_relation="
+                                    "REPLACE_ONE)")
+    inner = event.event
+    return subsampled_with_replacement_rdp(
+        lambda o: rules.rdp_curve(inner, np.asarray(o, dtype=np.float64),
+                                  NeighboringRelation.REPLACE_ONE),
+        int(event.source_dataset_size), orders)
+
+
+@rules.notes.register
+def _(event: SampledWithReplacementDpEvent) -> tuple[str, ...]:
+    return (AMPLIFICATION_ASSUMPTION,
+            "subsampled RDP: Wang, Balle & Kasiviswanathan 2019, Thm 9 (general bound)",
+            *rules.notes(event.event))
+
+
+def rdp_orders() -> np.ndarray:
+    """The order grid privkit's accountants use (re-exported for convenience)."""
+    return rdp_lib.ORDERS.copy()

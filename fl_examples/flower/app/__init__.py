@@ -1,0 +1,1 @@
+"""Example Flower app: Upcycled-FL / FedProx on privkit's synthetic data (``flwr run``)."""

@@ -1,0 +1,269 @@
+"""Privacy settings shared by the strategy and the client mods, and server-side accounting.
+
+One :class:`PrivacySettings` value describes the mechanism of a run. The strategy writes it into
+every train message's config (:meth:`PrivacySettings.to_config`); the client mods rebuild the
+same privkit mechanism from it (:func:`mechanism_from_config`), with the client's |D_i| as the
+server recorded it, so the mechanism a client applies is the one the server charges.
+
+:class:`ServerAccountant` is the server side: a privkit :class:`~privkit.ledger.Ledger` charged,
+before the train messages leave, for every client sent work in a data round (write-ahead: a
+client that then fails is still charged, an upper bound), never in Upcycled-FL's even rounds
+(post-processing, Lemma 5.1). Each charge is one release of the client's mechanism, recorded with
+``round`` = Flower's server round. Per-client epsilons are replayed from the ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fl_examples.core.privacy import SENSITIVITIES, BudgetStop, PrivacyPlan
+from fl_examples.flower import records as keys
+from privkit import _validate
+from privkit.errors import InvalidParameterError
+from privkit.ledger import Ledger
+
+__all__ = ["PrivacySettings", "ServerAccountant", "mechanism_from_config", "rec_num_groups",
+           "CLIP_TARGETS", "PRIVACY_KINDS"]
+
+#: Mechanisms a Flower run can use.
+PRIVACY_KINDS = ("output", "objective", "rec")
+
+#: What output perturbation clips: the released model (the paper) or its update w - w_bar.
+CLIP_TARGETS = ("model", "update")
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """The mechanism of a private run (fields as in :class:`fl_examples.core.privacy.PrivacyPlan`).
+
+    Attributes:
+        kind: ``output`` (clip + Gaussian noise of the uploaded model), ``objective`` (a
+            linear noise term with density ~ exp(-alpha ||n||) in the local objective) or
+            ``rec`` (DP-REC: the clipped update w - w_bar sent as a seed and candidate indices,
+            :mod:`privkit.mechanisms.rec`; the server decodes it).
+        l2_clip_norm: tau, the L2 clipping radius (parameter units).
+        stddev: absolute noise standard deviation per coordinate (the paper's sigma).
+        sensitivity: ``replace-one`` (2 tau, default), ``paper`` (tau/|D_i|) or
+            ``strongly-convex`` (needs ``lipschitz_model`` and momentum 0).
+        clip: ``model`` (clip the trained model, Upcycled-FL's output perturbation) or
+            ``update`` (clip w - w_bar and release w_bar + clip(w - w_bar) + noise; w_bar is
+            public, so the sensitivity is the same). An unchanged model is a zero update; its
+            clip is the zero vector (no division by its norm).
+        alpha, lipschitz, smoothness, rank: objective perturbation's rate and Thm C.2 constants.
+        lipschitz_model: u1 of the per-example loss, for ``strongly-convex``.
+        allow_unproven: run objective perturbation with an SGD solver (Thm C.2 assumes an
+            exact minimiser), its epsilon marked NOT PROVEN.
+        glm: the model is a generalised linear model (logistic regression).
+        bits, groups: DP-REC's bits per index (K = 2**bits candidates per group) and grouping
+            (``whole``, ``per-tensor``, ``per-parameter`` or ``chunks:N``); ``l2_clip_norm``
+            and ``stddev`` are its C and sigma.
+    """
+
+    kind: str
+    l2_clip_norm: float = 10.0
+    stddev: float = 1.0
+    sensitivity: str = "replace-one"
+    clip: str = "model"
+    alpha: float = 20.0
+    lipschitz: float = 1.0
+    smoothness: float = 0.25
+    rank: int = 2
+    lipschitz_model: float | None = None
+    allow_unproven: bool = False
+    glm: bool = True
+    bits: int = 8
+    groups: str = "per-tensor"
+
+    def __post_init__(self) -> None:
+        if self.kind not in PRIVACY_KINDS:
+            raise InvalidParameterError("privacy", self.kind, "output, objective or rec")
+        if self.sensitivity not in SENSITIVITIES:
+            raise InvalidParameterError("sensitivity", self.sensitivity,
+                                        f"one of {', '.join(SENSITIVITIES)}")
+        if self.clip not in CLIP_TARGETS:
+            raise InvalidParameterError("clip", self.clip, "model or update")
+        for name in ("allow_unproven", "glm"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(name, getattr(self, name), "a bool")
+        _validate.positive("l2_clip_norm", self.l2_clip_norm)
+        _validate.positive("stddev", self.stddev)
+        _validate.positive("alpha", self.alpha)
+        if not (isinstance(self.bits, int) and not isinstance(self.bits, bool)
+                and 1 <= self.bits <= 24):
+            raise InvalidParameterError("bits", self.bits, "an integer in [1, 24]")
+        rec_num_groups(self.groups, [1])  # validates the grouping
+
+    def plan(self, sizes: Sequence[int], *, proximal_mu: float, batch_size: int,
+             momentum: float) -> PrivacyPlan:
+        """The per-client privkit mechanisms for clients of these |D_i| (validates them all)."""
+        if self.kind == "rec":
+            raise InvalidParameterError("privacy", "rec", "output or objective for a plan")
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("clip", "bits", "groups")}
+        return PrivacyPlan(sizes=tuple(int(n) for n in sizes), proximal_mu=float(proximal_mu),
+                           batch_size=int(batch_size), momentum=float(momentum), **fields)
+
+    def to_config(self) -> dict[str, Any]:
+        """Config entries (``privkit-privacy-<field>``); ``None`` fields are left out."""
+        return {keys.PRIVACY_PREFIX + f.name.replace("_", "-"): getattr(self, f.name)
+                for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PrivacySettings | None:
+        """The settings a train message carries, or None if it carries none."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        found = {}
+        for key, value in config.items():
+            if key.startswith(keys.PRIVACY_PREFIX):
+                name = key[len(keys.PRIVACY_PREFIX):].replace("-", "_")
+                if name not in names:
+                    raise InvalidParameterError("config", key, "a known privacy setting")
+                found[name] = value
+        return cls(**found) if found else None
+
+
+def rec_num_groups(groups: str, leaf_sizes: Sequence[int]) -> int:
+    """M, the groups of a DP-REC message for arrays of these sizes (``privkit.rec/1`` rules)."""
+    d = int(sum(leaf_sizes))
+    if groups == "whole":
+        return 1
+    if groups == "per-tensor":
+        return sum(1 for n in leaf_sizes if n)
+    if groups == "per-parameter":
+        return d
+    if isinstance(groups, str) and groups.startswith("chunks:"):
+        size = groups.split(":", 1)[1]
+        if size.isdigit() and int(size) >= 1:
+            return -(-d // int(size))
+    raise InvalidParameterError("groups", groups,
+                                "whole, per-tensor, per-parameter or chunks:N (N >= 1)")
+
+
+def mechanism_from_config(config: Mapping[str, Any]) -> tuple[PrivacySettings, Any]:
+    """(settings, privkit mechanism) that a train message asks its client to apply.
+
+    The mechanism is built for the client's |D_i| as the server recorded it
+    (``privkit-client-size``), with the round's solver settings.
+
+    Raises:
+        InvalidParameterError: the message carries no privacy settings (naming ``config``).
+    """
+    settings = PrivacySettings.from_config(config)
+    if settings is None:
+        raise InvalidParameterError(
+            "config", "no privkit-privacy-* entries",
+            "the privacy settings of a private strategy (this client releases its model only "
+            "through a privkit mechanism)")
+    plan = settings.plan([int(config[keys.CLIENT_SIZE])],
+                         proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)),
+                         batch_size=int(config[keys.BATCH_SIZE]),
+                         momentum=float(config[keys.MOMENTUM]))
+    return settings, plan.mechanism(0)
+
+
+class ServerAccountant:
+    """A privkit ledger charged by a Flower strategy, one release per client per data round.
+
+    Args:
+        settings: the run's mechanism.
+        ledger: a privkit :class:`~privkit.ledger.Ledger` (its delta and budget are the run's);
+            a file-backed ledger survives restarts and never resets.
+        run_id: recorded with every charge.
+    """
+
+    def __init__(self, settings: PrivacySettings, ledger: Ledger, *,
+                 run_id: str = "flower") -> None:
+        if not isinstance(settings, PrivacySettings):
+            raise InvalidParameterError("privacy", settings, "a PrivacySettings")
+        if not isinstance(ledger, Ledger):
+            raise InvalidParameterError("ledger", ledger, "a privkit Ledger")
+        self.settings, self.ledger, self.run_id = settings, ledger, run_id
+        self.plan: PrivacyPlan | None = None
+        self.num_clients = 0
+
+    def bind(self, sizes: Sequence[int], *, proximal_mu: float, batch_size: int,
+             momentum: float) -> None:
+        """Build every client's mechanism once the roster (client sizes) is known."""
+        self.num_clients = len(sizes)
+        if self.settings.kind != "rec":
+            self.plan = self.settings.plan(sizes, proximal_mu=proximal_mu,
+                                           batch_size=batch_size, momentum=momentum)
+
+    @property
+    def bound(self) -> bool:
+        """True once :meth:`bind` ran."""
+        return self.num_clients > 0
+
+    def _bound(self) -> PrivacyPlan:
+        if self.plan is None:
+            raise RuntimeError("ServerAccountant.bind() must run before charging")
+        return self.plan
+
+    def rec_event(self, leaf_sizes: Sequence[int]) -> Any:
+        """The event of one DP-REC message of a model with arrays of these sizes."""
+        from privkit.accountants.rec import RecDpEvent
+
+        s = self.settings
+        return RecDpEvent(noise_multiplier=s.stddev / s.l2_clip_norm,
+                          num_candidates=1 << s.bits,
+                          num_groups=rec_num_groups(s.groups, leaf_sizes))
+
+    def charge(self, clients: Sequence[int], *, server_round: int,
+               leaf_sizes: Sequence[int] = ()) -> None:
+        """Charge one release to each client, all or nothing, before any work is sent.
+
+        ``leaf_sizes`` (the model's array sizes) fix a DP-REC message's number of groups.
+
+        Raises:
+            fl_examples.core.privacy.BudgetStop: a client would exceed the budget; nothing
+                is charged.
+        """
+        ids = [int(c) for c in clients]
+        if self.settings.kind != "rec":
+            self._bound().charge(self.ledger, ids, round_=int(server_round), run_id=self.run_id)
+            return
+        event = self.rec_event(leaf_sizes)
+        over = self.ledger.would_exceed([str(c) for c in ids], event)
+        if bool(over.any()):
+            who = [str(c) for c, o in zip(ids, over) if o]
+            raise BudgetStop(f"client(s) {', '.join(who[:5])} would exceed the budget in "
+                             f"server round {server_round}")
+        self.ledger.spend([str(c) for c in ids], event, label="DP-REC message",
+                          round=int(server_round), run_id=self.run_id)
+
+    def expected(self, client: int) -> tuple[str, float]:
+        """(metric key, value) a client's reply must echo to show it applied the mechanism."""
+        if self.settings.kind == "rec":
+            raise InvalidParameterError("privacy", "rec", "output or objective (a DP-REC "
+                                        "reply is checked by decoding it)")
+        mech = self._bound().mechanism(int(client))
+        if self.settings.kind == "output":
+            return keys.NOISE_MULTIPLIER, float(mech.noise_multiplier)
+        return keys.STEP_EPSILON, float(mech.step_epsilon)
+
+    def epsilons(self) -> list[float]:
+        """Per-client epsilon at the ledger's delta, client 0 first (0 for never charged)."""
+        n = self.num_clients
+        eps = self.ledger.epsilons([str(i) for i in range(n)])
+        return [float(eps[str(i)]) for i in range(n)]
+
+    def metrics(self) -> dict[str, Any]:
+        """Round metrics: per-client epsilon (list, by client id), its mean and max, delta."""
+        eps = self.epsilons()
+        return {"privkit-epsilon": eps, "privkit-epsilon-mean": sum(eps) / len(eps),
+                "privkit-epsilon-max": max(eps), "privkit-delta": float(self.ledger.delta)}
+
+    def report(self) -> dict[str, Any]:
+        """The privacy section of a report (as the batched trainers write it)."""
+        if self.settings.kind == "rec":
+            rep = self.ledger.report([str(i) for i in range(self.num_clients)])
+            s = self.settings
+            return {"mechanism": "dp_rec", "delta": rep.delta, "method": rep.method.value,
+                    "epsilon_mean": rep.mean, "epsilon_max": rep.max,
+                    "per_client": rep.epsilons.tolist(), "l2_clip_norm": s.l2_clip_norm,
+                    "stddev": s.stddev, "bits": s.bits, "groups": s.groups}
+        plan = self._bound()
+        return plan.report(self.ledger, len(plan.sizes)) | {"clip": self.settings.clip}

@@ -98,10 +98,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "empirical lower bound on its epsilon (confidence 1 - 1e-3) with its claim.",
         epilog="exit status: 0 if the audit passed (lower bound <= claim), 1 if it found a "
         "violation, 2 for bad arguments.")
-    au.add_argument("mechanism", choices=list(_audit.MECHANISMS),
+    au.add_argument("mechanism", choices=list(_audit.ALL_MECHANISMS),
                     help="gaussian: GDP trade-off audit of GaussianOutputPerturbation; "
                     "objective: ObjectivePerturbation on a 1-parameter GLM; laplace-l2 / "
-                    "laplace-l1: LaplaceGradientNoise (d = 2) with that noise shape")
+                    "laplace-l1: LaplaceGradientNoise (d = 2) with that noise shape; rec: "
+                    "Renyi-2 audit of the REC encoder")
     au.add_argument("--trials", type=_number, default=None,
                     help="draws per neighbour (per half for threshold audits; default 1e5)")
     au.add_argument("--noise-scale", type=_number, default=1.0,
@@ -207,7 +208,11 @@ def _cmd_audit(a: argparse.Namespace) -> int:
     out = r.to_dict()
     verdict = "PASSED (no violation found)" if r.passed else "FAILED (privacy claim violated)"
     det = r.details
-    if "gdp_mu_claimed" in det:
+    if "d2_claimed" in det:
+        claim = (f"claimed Renyi divergence D_{det['renyi_order']} <= {det['d2_claimed']:.4f} "
+                 f"(K = {det['num_candidates']}, C/sigma = {det['c']:g})")
+        found = f"empirical lower bound D_{det['renyi_order']} >= {det['d2_lower']:.4f}"
+    elif "gdp_mu_claimed" in det:
         claim = (f"claimed gdp_mu = {det['gdp_mu_claimed']:.4f} (eps = {r.claimed_epsilon:.4f} "
                  f"at delta = {det['delta']:g})")
         found = (f"empirical lower bound gdp_mu >= {det['gdp_mu_lower']:.4f} "

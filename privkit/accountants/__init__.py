@@ -5,9 +5,13 @@ stateful :class:`Accountant`; calibrate noise with
 :mod:`privkit.accountants.calibration`.
 """
 
-# objective is imported for its side effect: it registers the rules of
-# L2LaplaceDpEvent and ObjectivePerturbationDpEvent.
+# Imported for their side effect: each registers the pricing rules of its events
+# (objective: L2LaplaceDpEvent, ObjectivePerturbationDpEvent; rec: RecDpEvent and sampling
+# with replacement; midp: CodedDataMiEvent, refused as an epsilon) and allows them to be
+# rebuilt from a ledger in a fresh process.
+from privkit.accountants import midp as _midp  # noqa: F401
 from privkit.accountants import objective as _objective  # noqa: F401
+from privkit.accountants import rec as _rec  # noqa: F401
 from privkit.accountants.accountant import (
     Accountant,
     EpsilonReport,

@@ -38,3 +38,11 @@ def test_rec_audit_arguments():
     assert "rec" in A.ALL_MECHANISMS and "rec" not in A.MECHANISMS
     with pytest.raises(InvalidParameterError, match="dimension"):
         A.audit("rec", trials=100, dimension=1)
+
+
+def test_cli_audit_rec_prints_the_renyi_claim(capsys):
+    from privkit.cli import main
+
+    assert main(["audit", "rec", "--trials", "5000", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "D_2 <=" in out and "PASSED" in out

@@ -72,7 +72,10 @@ class PrivkitFedProx(FedProx):
         proximal_mu: FedProx mu >= 0 (0: FedAvg's local solver, stragglers kept).
         fraction_train: share of clients per data round; max(int(fraction * N), 1) train.
         stragglers: share of the sampled clients that run int(U * E) epochs, in [0, 1).
-        local_epochs, batch_size, lr, momentum: the clients' local solver (sent to them).
+        local_epochs: the clients' local epochs E (sent to them, like the next three).
+        batch_size: the clients' minibatch size.
+        lr: the clients' learning rate.
+        momentum: the clients' SGD momentum.
         seed: root of the seed tree (client subsets, stragglers, batch orders).
         privacy: the mechanism of a private run (clients need the matching mod).
         ledger: the privkit ledger to charge (required with ``privacy``).

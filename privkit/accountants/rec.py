@@ -52,7 +52,7 @@ the sampling outcome stays secret (an anonymising channel or a trusted sampler);
 server that sees who sends what only the *local* guarantee, the plain composition of each
 client's messages, holds. :func:`rec_epsilons` reports both.
 
-Example:
+Examples:
     >>> ev = RecDpEvent(noise_multiplier=2.0, num_candidates=16, num_groups=1)
     >>> [round(float(v), 4) for v in rec_rdp([2.0, 8.0], 2.0, 16)]
     [1.0933, 4.3031]
@@ -178,7 +178,7 @@ def _log_m_plus_table(n: int, c: float) -> np.ndarray:
 def log_m_plus(n: int, c: float, r: Any) -> np.ndarray:
     """log E[Ybar_n^r] for r >= 1 (integers exact; between integers a linear upper bound).
 
-    Example:
+    Examples:
         >>> round(float(log_m_plus(15, 0.5, 3)), 10)
         0.0563638137
     """
@@ -226,7 +226,7 @@ def _log_lbar_spline(c: float) -> tuple[Any, np.ndarray, np.ndarray]:
 def log_m_minus(n: int, c: float, s: Any) -> np.ndarray:
     """log E[Ybar_n^-s] for s > 0 (integral representation; capped by the n = 1 closed form).
 
-    Example:
+    Examples:
         >>> round(float(log_m_minus(15, 0.5, 3)), 6)
         0.111744
     """
@@ -430,7 +430,7 @@ def rec_run_event(*, noise_multiplier: float, num_candidates: int, population_si
                   messages: int, num_groups: int = 1) -> dp_event.DpEvent:
     """The amplified event of ``messages`` with-replacement draws (T * |S'| in a run).
 
-    Example:
+    Examples:
         >>> ev = rec_run_event(noise_multiplier=2.0, num_candidates=256, population_size=1000,
         ...                    messages=10_000)
         >>> ev.count, ev.event.source_dataset_size
@@ -460,7 +460,7 @@ def rec_epsilons(*, noise_multiplier: float, num_candidates: int, population_siz
     Returns:
         ``{"central": {...}, "local": {...}}``, each with epsilon, order, method and assumptions.
 
-    Example:
+    Examples:
         >>> r = rec_epsilons(noise_multiplier=2.0, num_candidates=256, population_size=1000,
         ...                  draws_per_round=10, rounds=1000, delta=1e-5, messages_of_client=10)
         >>> round(r["central"]["epsilon"], 2), round(r["local"]["epsilon"], 2)

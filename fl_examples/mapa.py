@@ -29,6 +29,30 @@ drawn; a budget stop ends the run before the first upload that would take any ed
 ``epsilon_budget``. The authors' code adds non-DP noise at the cloud and applies one update
 twice; neither happens here.
 
+**Batch sampler and amplification.** ``batch_sampler="poisson"`` includes each of edge k's n_k
+records independently with probability ``q_k = b / n_k`` and releases the clipped *sum* divided
+by the fixed expected size b (so the batch size is never revealed by the denominator). The noise
+is calibrated as before, to ``DeltaS = 2 C_s / b``: that is the replace-one sensitivity of
+sum/b, and it bounds the add/remove sensitivity ``C_s / b``, so one upload is eps_k-DP under
+either relation. ``amplification=True`` (Poisson only) prices each upload as
+``eps' = log(1 + q_k (e^eps_k - 1))`` under add/remove neighbours (amplification by Poisson
+subsampling: Li, Qardaji & Su, ASIACCS 2012; Balle, Barthe & Gaboardi, NeurIPS 2018, Thm 8),
+composed optimally as pure steps; it assumes the sampler's outcome (which records entered which
+batch) stays secret, and the report states that next to the amplified number and also gives
+the unamplified one.
+
+**Checkpoints.** With ``checkpoint_every = N`` and an output directory, the run's full state
+(model, every edge's pulled model, in-flight gradients, ready flags, upload counters, DeltaS of
+each pending job, history, ledger pointer) is saved after every N-th applied update and at the
+end; ``resume=True`` continues from the latest checkpoint. Every random draw comes from a stream
+keyed by (seed, edge, upload), so a resumed run is bitwise equal to an uninterrupted one. The
+ledger is charged before noise is drawn, so a crash can leave charges after the checkpoint's
+ledger pointer; on resume they are matched, spend call by spend call, against the charges the run
+makes from the checkpoint up to its next checkpoint (same edges, upload numbers, events, model
+version and cloud event) and adopted instead of charged twice. Anything else after the pointer
+(spend a later checkpoint depends on) refuses the resume (``LedgerRollbackError``), and a ledger
+that lacks the pointer's entry (an older ledger) is refused too (``LedgerMismatchError``).
+
 Run it as ``privkit train mapa --algorithms mapa,audp,asgd --edges 100 --epsilon 1 --batch 24
 --updates 5000 --speed-dist lognormal:0,1 --out DIR``.
 """
@@ -39,6 +63,7 @@ import dataclasses
 import json
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +74,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import privkit
+from fl_examples.core import checkpoint
 from fl_examples.core.asyncsim import Schedule, TimingModel, simulate
 from fl_examples.core.data import (
     FederatedDataset,
@@ -61,9 +87,20 @@ from fl_examples.core.models import MultinomialLogReg, flatten
 from fl_examples.core.report import progress, write_report
 from fl_examples.core.rounds import resolve_device
 from privkit import _validate
-from privkit.errors import BudgetExceededError, InvalidParameterError
-from privkit.events import DpEvent, SelfComposedDpEvent
-from privkit.ledger import Ledger, atomic_write_bytes
+from privkit._journal import canonical_json
+from privkit.accountants import rules
+from privkit.accountants.amplification import (
+    AMPLIFICATION_ASSUMPTION,
+    PoissonSampledPureDpEvent,
+    amplified_epsilon,
+)
+from privkit.errors import (
+    BudgetExceededError,
+    InvalidParameterError,
+    LedgerRollbackError,
+)
+from privkit.events import DpEvent, SelfComposedDpEvent, event_to_dict
+from privkit.ledger import Ledger, LedgerPointer, atomic_write_bytes
 from privkit.mechanisms import (
     LaplaceGradientNoise,
     NoiseShape,
@@ -73,12 +110,14 @@ from privkit.mechanisms import (
 )
 
 __all__ = [
-    "ALGORITHMS", "MapaConfig", "MapaCNN", "Stage", "MapaSchedule", "initial_sensitivity",
+    "ALGORITHMS", "SAMPLERS", "AMPLIFICATION_ASSUMPTION", "MapaConfig", "MapaCNN", "Stage",
+    "MapaSchedule", "PoissonSampledPureDpEvent", "amplified_epsilon", "initial_sensitivity",
     "noise_variance", "audp_step", "asgd_step", "load_edges", "run_algorithm", "train",
     "updates_to_loss", "final_table",
 ]  # fmt: skip
 
 ALGORITHMS = ("mapa", "audp", "asgd")
+SAMPLERS = ("distinct", "poisson")
 NOISES = {"l2": NoiseShape.L2, "l1": NoiseShape.L1}
 VARIANCES = ("sound", "paper")
 TARGET_FRACTIONS = (0.95, 0.9, 0.75, 0.5)
@@ -250,6 +289,7 @@ def _check_theta(theta: Any) -> float:
     return th
 
 
+# --------------------------------------------------------------------------- amplification
 # ---------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class MapaConfig:
@@ -261,7 +301,8 @@ class MapaConfig:
             ``paper`` 20-d, ``fedprox`` 60-d) or ``mnist:DIR`` (IDX files you provide; IID).
         model: ``logreg`` or ``cnn`` (the paper's CNN, 28x28 inputs only).
         edges: K, the number of edge servers (each holds one partition of the data).
-        batch: b, distinct records per upload; every edge needs >= b training records.
+        batch: b, distinct records per upload (``poisson``: the expected number, and the
+            release's denominator); every edge needs >= b training records.
         updates: applied cloud updates T.
         epsilon: eps_k of every edge (one number), or one per edge (a tuple of K).
         delta: Thm 3's delta, also the delta every composed epsilon is reported at.
@@ -283,6 +324,13 @@ class MapaConfig:
         device: ``auto``, ``cpu`` or ``cuda[:N]``.
         batched: compute pending uploads together (default); False: one at a time, through
             ``LaplaceGradientNoise.__call__`` (the reference path).
+        batch_sampler: ``distinct`` (b distinct records per upload, default) or ``poisson``
+            (each record independently with probability q_k = b / n_k; the clipped sum is
+            divided by b).
+        amplification: price uploads with amplification by Poisson subsampling (add/remove
+            neighbours, sampler outcome secret); only with ``batch_sampler="poisson"``.
+        checkpoint_every: with an output directory, checkpoint every this many applied
+            updates (and at the end) into ``OUT/checkpoints/<algorithm>/``; 0: never.
     """
 
     dataset: str = "digits"
@@ -313,6 +361,9 @@ class MapaConfig:
     target_loss: float | None = None
     device: str = "cpu"
     batched: bool = True
+    batch_sampler: str = "distinct"
+    amplification: bool = False
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         k = _validate.positive_int("edges", self.edges)
@@ -350,6 +401,17 @@ class MapaConfig:
             _validate.positive("target_loss", self.target_loss)
         if not isinstance(self.batched, bool):
             raise InvalidParameterError("batched", self.batched, "a bool")
+        if self.batch_sampler not in SAMPLERS:
+            raise InvalidParameterError("batch_sampler", self.batch_sampler,
+                                        "distinct or poisson")
+        if not isinstance(self.amplification, bool):
+            raise InvalidParameterError("amplification", self.amplification, "a bool")
+        if self.amplification and self.batch_sampler != "poisson":
+            raise InvalidParameterError(
+                "amplification", self.amplification,
+                "used only with batch_sampler='poisson' (a Poisson sampler whose outcome stays "
+                "secret); a batch of b distinct records gets no amplification")
+        _validate.nonnegative_int("checkpoint_every", self.checkpoint_every)
 
     def timing(self) -> TimingModel:
         return TimingModel(self.speed_dist, self.link_dist, self.compute_time_s,
@@ -509,12 +571,18 @@ class _LogRegOps:
         gw = x[:, :, :, None] * r[:, :, None, :]
         return torch.cat([gw.reshape(m, b, fc), r], dim=2)
 
-    def mean_grad(self, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    def mean_grad(self, params: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
+                  denom: int | None = None) -> Tensor:
+        """(m, d) gradients: the sum over rows (those with ``mask`` 1) divided by ``denom``
+        (default: the number of rows)."""
         m, b, _ = x.shape
         fc = self.f * self.c
         logits = torch.baddbmm(params[:, None, fc:], x, params[:, :fc].view(m, self.f, self.c))
         r = logits.softmax(-1)
-        r.sub_(F.one_hot(y, self.c).to(r.dtype)).div_(b)
+        r.sub_(F.one_hot(y, self.c).to(r.dtype))
+        if mask is not None:
+            r.mul_(mask[:, :, None].to(r.dtype))
+        r.div_(b if denom is None else denom)
         return torch.cat([torch.bmm(x.transpose(1, 2), r).reshape(m, fc), r.sum(1)], dim=1)
 
 
@@ -543,8 +611,14 @@ class _CNNOps:
     def per_example(self, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return self._per(params, x, y)
 
-    def mean_grad(self, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        return self._per(params, x, y).mean(1)
+    def mean_grad(self, params: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
+                  denom: int | None = None) -> Tensor:
+        per = self._per(params, x, y)
+        if mask is None and denom is None:
+            return per.mean(1)
+        if mask is not None:
+            per = per * mask[:, :, None].to(per.dtype)
+        return per.sum(1) / (per.shape[1] if denom is None else denom)
 
 
 def _ops(model: str, ds: FederatedDataset) -> Any:
@@ -578,10 +652,40 @@ def _upload_event(cfg: MapaConfig, eps: float, dim: int) -> DpEvent:
     return _mechanism(1.0, cfg.batch, eps, cfg.noise).event(dim)
 
 
-def _max_uploads(event: DpEvent, delta: float, budget: float) -> int:
+def _sampling_probabilities(cfg: MapaConfig, sizes: np.ndarray) -> np.ndarray:
+    """q_k = b / n_k of the Poisson sampler (1 for ``distinct``: every upload sees the edge)."""
+    if cfg.batch_sampler != "poisson":
+        return np.ones(len(sizes))
+    return np.array([cfg.batch / int(n) for n in sizes], dtype=np.float64)
+
+
+def _edge_events(cfg: MapaConfig, dim: int, sizes: np.ndarray) -> tuple[list[DpEvent],
+                                                                        list[DpEvent]]:
+    """(charged event, unamplified event) of one upload, per edge."""
+    eps, q = cfg.epsilons(), _sampling_probabilities(cfg, sizes)
+    base = [_upload_event(cfg, float(e), dim) for e in eps.tolist()]
+    if not cfg.amplification:
+        return base, base
+    return [PoissonSampledPureDpEvent(float(qk), ev) for qk, ev in zip(q.tolist(), base)], base
+
+
+def _relation(cfg: MapaConfig) -> str:
+    """The ledger's neighbouring relation (add/remove when amplified, else replace-one)."""
+    return "ADD_OR_REMOVE_ONE" if cfg.amplification else "REPLACE_ONE"
+
+
+def _price(event: DpEvent, n: int, delta: float, relation: str) -> float:
+    """Optimal-composition epsilon of n uses of ``event`` (what the ledger replays)."""
+    rel = getattr(rules.NeighboringRelation, relation)
+    return privkit.epsilon(SelfComposedDpEvent(event, n), delta, "optimal",
+                           neighboring_relation=rel).epsilon
+
+
+def _max_uploads(event: DpEvent, delta: float, budget: float, relation: str = "REPLACE_ONE"
+                 ) -> int:
     """The most uploads of ``event`` whose optimal composition stays <= budget at delta."""
     def eps(n: int) -> float:
-        return privkit.epsilon(SelfComposedDpEvent(event, n), delta, "optimal").epsilon
+        return _price(event, n, delta, relation)
 
     if eps(1) > budget:
         return 0
@@ -596,15 +700,15 @@ def _max_uploads(event: DpEvent, delta: float, budget: float) -> int:
     return lo
 
 
-def _budget_stop(cfg: MapaConfig, schedule: Schedule, dim: int) -> tuple[int, str | None]:
+def _budget_stop(cfg: MapaConfig, schedule: Schedule, events: list[DpEvent]
+                 ) -> tuple[int, str | None]:
     """(number of cloud events to run, stop message or None), before anything is charged."""
     n = schedule.num_events
     if cfg.epsilon_budget is None:
         return n, None
-    eps = cfg.epsilons()
-    cap = {e: _max_uploads(_upload_event(cfg, e, dim), cfg.delta, cfg.epsilon_budget)
-           for e in set(eps.tolist())}
-    limit = np.array([cap[e] for e in eps.tolist()])
+    cap = {ev: _max_uploads(ev, cfg.delta, cfg.epsilon_budget, _relation(cfg))
+           for ev in dict.fromkeys(events)}
+    limit = np.array([cap[ev] for ev in events])
     over = np.flatnonzero(schedule.upload >= limit[schedule.edge])
     if over.size == 0:
         return n, None
@@ -615,22 +719,60 @@ def _budget_stop(cfg: MapaConfig, schedule: Schedule, dim: int) -> tuple[int, st
                f"delta={cfg.delta:g} would exceed the budget {cfg.epsilon_budget:g}")
 
 
-def _open_ledger(cfg: MapaConfig, algorithm: str, out: Path | None) -> Ledger:
-    population = f"{cfg.dataset}|edges={cfg.edges}|seed={cfg.seed}|{algorithm}"
-    kw: dict[str, Any] = dict(population_id=population, delta=cfg.delta,
+def _population(cfg: MapaConfig, algorithm: str) -> str:
+    return f"{cfg.dataset}|edges={cfg.edges}|seed={cfg.seed}|{algorithm}"
+
+
+def _open_ledger(cfg: MapaConfig, algorithm: str, out: Path | None,
+                 resume: bool = False) -> Ledger:
+    """A new ledger (in memory without ``out``), or with ``resume`` the run's existing one."""
+    kw: dict[str, Any] = dict(population_id=_population(cfg, algorithm), delta=cfg.delta,
                               epsilon_budget=cfg.epsilon_budget, method="optimal",
-                              neighboring_relation="REPLACE_ONE")
+                              neighboring_relation=_relation(cfg))
     if out is None:
         return Ledger.create(None, **kw)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"ledger-{algorithm}.jsonl"
     if path.exists():
-        raise InvalidParameterError("out", str(out), f"a directory without {path.name} (a "
-                                    "ledger never resets: use a new --out)")
+        if not resume:
+            raise InvalidParameterError("out", str(out), f"a directory without {path.name} (a "
+                                        "ledger never resets: use a new --out, or --resume)")
+        led = Ledger.open(path)
+        if (led.population_id, led.delta, led.epsilon_budget, led.method.value,
+                led.neighboring_relation.name) != (kw["population_id"], cfg.delta,
+                                                   cfg.epsilon_budget, "optimal",
+                                                   kw["neighboring_relation"]):
+            raise InvalidParameterError(
+                "out", str(out), f"a directory whose {path.name} belongs to these settings (it "
+                f"holds population {led.population_id!r}, delta {led.delta:g}, budget "
+                f"{led.epsilon_budget}, relation {led.neighboring_relation.name}); resume with "
+                "the same settings or use a new --out")
+        return led
     return Ledger.create(path, **kw)
 
 
 # ---------------------------------------------------------------------------------- the run
+_Call = tuple[tuple[str, ...], str, int, int]
+"""One spend call: (edge ids, canonical event JSON, ledger ``round``, ledger ``step``)."""
+
+
+def _history_json(rows: list[dict[str, Any]], *, decode: bool = False) -> list[dict[str, Any]]:
+    """History rows with non-finite floats as ``{"nonfinite": "nan"}`` (JSON has none), or back."""
+    def enc(v: Any) -> Any:
+        if decode and isinstance(v, dict) and set(v) == {"nonfinite"}:
+            return float(v["nonfinite"])
+        if not decode and isinstance(v, float) and not math.isfinite(v):
+            return {"nonfinite": repr(v)}
+        return v
+
+    return [{k: enc(v) for k, v in row.items()} for row in rows]
+
+
+def _config_json(cfg: MapaConfig) -> Any:
+    """The configuration as a checkpoint stores it (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), allow_nan=False))
+
+
 class _Run:
     """One algorithm over a precomputed schedule (see the module docstring)."""
 
@@ -642,9 +784,13 @@ class _Run:
         self.dim = ops.dim
         k = cfg.edges
         self.eps = cfg.epsilons()
+        self.q = _sampling_probabilities(cfg, data.sizes)
         self.events = schedule.events_of_edge()
-        self.end, self.stopped = _budget_stop(cfg, schedule, self.dim) if self.private \
-            else (schedule.num_events, None)
+        # per edge: the event each upload is charged, and its unamplified version
+        self.edge_events, self.base_events = _edge_events(cfg, self.dim, data.sizes) \
+            if self.private else ([], [])
+        self.end, self.stopped = _budget_stop(cfg, schedule, self.edge_events) \
+            if self.private else (schedule.num_events, None)
         tau = cfg.tau()
         self.mapa = MapaSchedule(
             sigma=cfg.sigma, batch=cfg.batch, delta=cfg.delta, epsilon0=float(self.eps.min()),
@@ -669,7 +815,11 @@ class _Run:
         self.wall = self.compute = 0.0
         self.diverged: str | None = None
         self.flushes = 0
-        self._events_cache: dict[float, DpEvent] = {}
+        self.precharged: deque[_Call] = deque()  # ledger charges adopted on resume
+        self._saved_at = -1
+        self._json_cache: dict[DpEvent, str] = {}
+        self._eps_cache: dict[tuple[DpEvent, int], float] = {}
+        self._meta = {"noise": cfg.noise, "sampler": cfg.batch_sampler}
 
     # -- per-update quantities ------------------------------------------------------------
     def _delta_s_for(self, version: int) -> float:
@@ -690,42 +840,187 @@ class _Run:
         return asgd_step(t - 1, lipschitz=cfg.lipschitz, tau=tau, sigma=cfg.asgd_sigma,
                          r0=cfg.r0, batch=cfg.batch)
 
-    def _job_event(self, k: int) -> int:
+    def _job_event(self, k: int, next_upload: np.ndarray | None = None) -> int:
         """Cloud event index of edge k's pending upload, or -1 if it is never made in this run."""
         ev = self.events[k]
-        u = int(self.next_upload[k])
+        u = int((self.next_upload if next_upload is None else next_upload)[k])
         if u >= len(ev) or ev[u] >= self.end:
             return -1
         return int(ev[u])
 
+    def _will_apply(self, k: int, next_upload: np.ndarray | None = None) -> bool:
+        """Whether edge k's pending upload is applied in this run (so it must be computed)."""
+        j = self._job_event(k, next_upload)
+        return j >= 0 and bool(self.sched.applied[j])
+
     # -- privacy --------------------------------------------------------------------------
-    def _event(self, eps: float) -> DpEvent:
-        ev = self._events_cache.get(eps)
-        if ev is None:
-            ev = self._events_cache[eps] = _upload_event(self.cfg, eps, self.dim)
-        return ev
+    def _event_json(self, event: DpEvent) -> str:
+        text = self._json_cache.get(event)
+        if text is None:
+            text = self._json_cache[event] = canonical_json(event_to_dict(event))
+        return text
+
+    def _groups(self, edges: list[int]) -> list[tuple[DpEvent, list[int]]]:
+        """The spend calls charging one upload to each of ``edges``: one per distinct event."""
+        groups: dict[DpEvent, list[int]] = {}
+        for k in edges:
+            groups.setdefault(self.edge_events[k], []).append(k)
+        return list(groups.items())
 
     def _charge(self, edges: list[int]) -> None:
-        """Charge one upload to each edge (write-ahead: before its noise is drawn)."""
+        """Charge one upload to each edge (write-ahead: before its noise is drawn).
+
+        Entries record ``round`` = updates applied so far and ``step`` = the cloud event being
+        served; an edge's ``client_seq`` is its upload number. On resume, charges a crashed run
+        already wrote for these very uploads (:attr:`precharged`) are adopted, not repeated.
+        """
         if not self.private or not edges:
             return
         assert self.ledger is not None
-        groups: dict[float, list[int]] = {}
-        for k in edges:
-            groups.setdefault(float(self.eps[k]), []).append(k)
-        for eps, ks in groups.items():
-            try:
-                self.ledger.spend([str(k) for k in ks], self._event(eps), label="upload",
-                                  run_id=self.alg, meta={"noise": self.cfg.noise})
-            except BudgetExceededError as exc:  # the precomputed stop makes this unreachable
-                raise RuntimeError(f"budget stop and ledger disagree: {exc}") from exc
+        for ev, ks in self._groups(edges):
+            ids = tuple(str(k) for k in ks)
+            if self.precharged:
+                want = self.precharged.popleft()
+                if want != (ids, self._event_json(ev), self.applied, self.events_done):
+                    raise LedgerRollbackError(
+                        f"the ledger's entries after the checkpoint are not the charges this "
+                        f"run makes at cloud event {self.events_done}; resume from the latest "
+                        "checkpoint with the same settings (spend is never rolled back)")
+            else:
+                try:
+                    self.ledger.spend(list(ids), ev, label="upload", run_id=self.alg,
+                                      round=self.applied, step=self.events_done, meta=self._meta)
+                except BudgetExceededError as exc:  # the precomputed stop makes it unreachable
+                    raise RuntimeError(f"budget stop and ledger disagree: {exc}") from exc
             self.charged[ks] += 1
+
+    def _plan(self, stop: int) -> list[_Call]:
+        """The spend calls this run makes from its current state through cloud event ``stop``.
+
+        It replays the loop's control flow (flushes, drops, pulls) on copies of the flags,
+        without computing anything: what is charged never depends on gradient values.
+        """
+        sched, calls = self.sched, []
+        ready, nxt = self.ready.copy(), self.next_upload.copy()
+        applied = self.applied
+
+        def charge(edges: list[int], step: int) -> None:
+            for ev, ks in self._groups(edges):
+                calls.append((tuple(str(k) for k in ks), self._event_json(ev), applied, step))
+
+        if not self.cfg.batched and self.events_done == 0:
+            first = [k for k in range(self.cfg.edges) if self._will_apply(k, nxt)]
+            for k in first:
+                charge([k], 0)
+            ready[first] = True
+        for j in range(self.events_done, stop):
+            k = int(sched.edge[j])
+            if sched.applied[j]:
+                if not ready[k]:
+                    pend = [i for i in np.flatnonzero(~ready).tolist() if self._will_apply(i, nxt)]
+                    charge(pend, j)
+                    ready[pend] = True
+                applied = int(sched.version[j])
+            else:
+                charge([k], j)
+            nxt[k] += 1
+            ready[k] = False
+            if not self.cfg.batched and self._will_apply(k, nxt):
+                charge([k], j + 1)
+                ready[k] = True
+        return calls
+
+    def _window_end(self) -> int:
+        """Cloud events up to the next checkpoint (after the next multiple of N updates)."""
+        n = self.cfg.checkpoint_every
+        if n:
+            target = (self.applied // n + 1) * n
+            hit = np.flatnonzero(self.sched.version[self.events_done:self.end] == target)
+            if hit.size:
+                return self.events_done + int(hit[0]) + 1
+        return self.end
+
+    def adopt(self, pointer: LedgerPointer) -> None:
+        """Check the ledger against the state at ``pointer``; never lose or redo spend.
+
+        Entries after the pointer are allowed only if they are the write-ahead charges this run
+        makes before its next checkpoint (a crash after charging and before that checkpoint),
+        in the same spend calls (edges, event, model version, cloud event). Replaying those
+        uploads draws the same batches and noise (streams keyed by seed, edge and upload), so
+        their charges are adopted rather than made twice. Anything else is refused.
+
+        Raises:
+            LedgerMismatchError: the ledger lacks the pointer's entry (an older ledger).
+            LedgerRollbackError: the state is older than spend that later states depend on.
+        """
+        assert self.ledger is not None
+        pending = self.ledger.entries_since(pointer)
+        calls: list[list[dict[str, Any]]] = []
+        for e in pending:
+            if calls and e.get("batch_end") == calls[-1][0].get("batch_end"):
+                calls[-1].append(e)
+            else:
+                calls.append([e])
+        plan = self._plan(self._window_end()) if calls else []
+        for i, es in enumerate(calls):
+            ok = i < len(plan) and all(
+                e.get("kind") == "spend" and e["run_id"] == self.alg and e["label"] == "upload"
+                and e["count"] == 1 and e["round"] == plan[i][2] and e["step"] == plan[i][3]
+                and canonical_json(e["event"]) == plan[i][1] for e in es) \
+                and tuple(e["client_id"] for e in es) == plan[i][0]
+            if not ok:
+                raise LedgerRollbackError(
+                    f"the checkpoint at cloud event {self.events_done} ({self.applied} updates, "
+                    f"ledger seq {pointer.seq}) is older than the ledger (head seq "
+                    f"{self.ledger.head().seq}): entry {es[0]['seq']} is spend that a later state "
+                    "depends on, not an interrupted upload of this run; resume from the latest "
+                    "checkpoint (spend is never rolled back)")
+        self.precharged = deque(plan[:len(calls)])
+
+    def _epsilon_max(self) -> float:
+        """The largest edge epsilon after this run's charges (as the ledger replays it)."""
+        top: dict[DpEvent, int] = {}
+        for k in np.flatnonzero(self.charged).tolist():
+            ev, n = self.edge_events[k], int(self.charged[k])
+            if n > top.get(ev, 0):
+                top[ev] = n
+        return max((self._epsilon(ev, n) for ev, n in top.items()), default=0.0)
+
+    def _epsilon(self, event: DpEvent, n: int, relation: str | None = None) -> float:
+        key = (event, n)
+        e = self._eps_cache.get(key)
+        if e is None:
+            e = self._eps_cache[key] = _price(event, n, self.cfg.delta,
+                                              relation or _relation(self.cfg))
+        return e
 
     # -- computing uploads ----------------------------------------------------------------
     def _batch_rows(self, k: int, u: int) -> np.ndarray:
+        """Rows (into the pooled data) of upload u of edge k: b distinct records, or a Poisson
+        sample keeping each of the edge's n_k records with probability q_k = b / n_k."""
         n = int(self.data.sizes[k])
-        rows = _stream(self.cfg.seed, _TAG_BATCH, k, u).choice(n, self.cfg.batch, replace=False)
+        rng = _stream(self.cfg.seed, _TAG_BATCH, k, u)
+        if self.cfg.batch_sampler == "poisson":
+            rows = np.flatnonzero(rng.random(n) < self.q[k])
+        else:
+            rows = rng.choice(n, self.cfg.batch, replace=False)
         return rows + int(self.data.offsets[k])
+
+    def _rows(self, ks: list[int], ups: list[int]) -> tuple[Tensor, Tensor | None]:
+        """(jobs, rows) indices of the jobs' batches, and for Poisson batches the 0/1 mask of
+        real rows (shorter batches are padded with the edge's first record, masked out)."""
+        idx = [self._batch_rows(k, u) for k, u in zip(ks, ups)]
+        if self.cfg.batch_sampler != "poisson":
+            return torch.as_tensor(np.stack(idx), device=self.device), None
+        width = max(1, max(len(r) for r in idx))
+        rows = np.empty((len(ks), width), dtype=np.int64)
+        mask = np.zeros((len(ks), width), dtype=bool)
+        for i, (k, r) in enumerate(zip(ks, idx)):
+            rows[i] = int(self.data.offsets[k])
+            rows[i, :len(r)] = r
+            mask[i, :len(r)] = True
+        return (torch.as_tensor(rows, device=self.device),
+                torch.as_tensor(mask, device=self.device))
 
     def _compute(self, edges: list[int]) -> None:
         """Noisy uploads of the pending jobs of ``edges`` into ``self.grads`` (charged first)."""
@@ -736,16 +1031,18 @@ class _Run:
         for s in range(0, len(edges), per_chunk):
             ks = edges[s:s + per_chunk]
             ups = [int(self.next_upload[k]) for k in ks]
-            rows = torch.as_tensor(np.stack([self._batch_rows(k, u) for k, u in zip(ks, ups)]),
-                                   device=self.device)
+            rows, mask = self._rows(ks, ups)
             xb, yb = self.data.x[rows], self.data.y[rows]
             params = self.pulled[ks]
             if not self.private:
-                self.grads[ks] = self.ops.mean_grad(params, xb, yb)
+                self.grads[ks] = self.ops.mean_grad(params, xb, yb) if mask is None \
+                    else self.ops.mean_grad(params, xb, yb, mask, b)
                 continue
             per_ex = self.ops.per_example(params, xb, yb)
-            if self.cfg.batched:
-                self.grads[ks] = self._noisy_batched(per_ex, ks, ups)
+            if self.cfg.batched or mask is not None:
+                # (the naive path computes one job per call, so a Poisson job is alone here;
+                # LaplaceGradientNoise needs exactly b rows, a Poisson batch has any number)
+                self.grads[ks] = self._noisy_batched(per_ex, ks, ups, mask)
             else:
                 for i, (k, u) in enumerate(zip(ks, ups)):
                     mech = _mechanism(float(self.delta_s[k]), b, float(self.eps[k]),
@@ -754,17 +1051,27 @@ class _Run:
         self.ready[edges] = True
         self.compute += time.perf_counter() - t0
 
-    def _noisy_batched(self, per_ex: Tensor, ks: list[int], ups: list[int]) -> Tensor:
-        """The same release as ``LaplaceGradientNoise.__call__`` per job, clipped in groups."""
-        m, b, d = per_ex.shape
-        flat = per_ex.reshape(m * b, d)
+    def _noisy_batched(self, per_ex: Tensor, ks: list[int], ups: list[int],
+                       mask: Tensor | None = None) -> Tensor:
+        """The same release as ``LaplaceGradientNoise.__call__`` per job, clipped in groups.
+
+        Rows are clipped to C = b DeltaS / 2, summed (those with ``mask`` 1) and divided by
+        the configured b, whatever the number of rows; then each job's noise is added.
+        """
+        m, width, d = per_ex.shape
+        b = self.cfg.batch
+        flat = per_ex.reshape(m * width, d)
         clipped = torch.empty_like(flat)
         ds = self.delta_s[ks]
         for value in np.unique(ds):
             sel = np.flatnonzero(ds == value)
-            rows = torch.as_tensor((sel[:, None] * b + np.arange(b)).ravel(), device=flat.device)
+            rows = torch.as_tensor((sel[:, None] * width + np.arange(width)).ravel(),
+                                   device=flat.device)
             clipped[rows] = clip_per_example(flat[rows], b * float(value) / 2.0)
-        mean64 = clipped.view(m, b, d).double().sum(1) / b
+        per = clipped.view(m, width, d).double()
+        if mask is not None:
+            per = per * mask[:, :, None].to(per.dtype)
+        mean64 = per.sum(1) / b
         noise = np.empty((m, d))
         for i, (k, u) in enumerate(zip(ks, ups)):
             mech = _mechanism(float(ds[i]), b, float(self.eps[k]), self.cfg.noise)
@@ -777,8 +1084,7 @@ class _Run:
 
     def _flush(self) -> None:
         """Compute every pending upload that this run will make (batched path)."""
-        pending = [k for k in np.flatnonzero(~self.ready).tolist()
-                   if (j := self._job_event(k)) >= 0 and self.sched.applied[j]]
+        pending = [k for k in np.flatnonzero(~self.ready).tolist() if self._will_apply(k)]
         self.flushes += 1
         self._compute(pending)
 
@@ -788,10 +1094,60 @@ class _Run:
         self.next_upload[k] += 1
         self.ready[k] = False
         self.delta_s[k] = self._delta_s_for(self.applied)
-        if not self.cfg.batched:
-            j = self._job_event(k)
-            if j >= 0 and self.sched.applied[j]:
-                self._compute([k])
+        if not self.cfg.batched and self._will_apply(k):
+            self._compute([k])
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Checkpoint the whole state (named by the cloud events served, which only grow)."""
+        if self.precharged:
+            raise RuntimeError("charges adopted on resume were not all replayed before the "
+                               "next checkpoint")
+        tensors = {"x": self.x, "pulled": self.pulled, "grads": self.grads}
+        checkpoint.save(directory, self.events_done, tensors, {
+            "algorithm": self.alg, "config": _config_json(self.cfg),
+            "events_done": self.events_done, "applied": self.applied,
+            "ready": self.ready.tolist(), "next_upload": self.next_upload.tolist(),
+            "delta_s": self.delta_s.tolist(), "charged": self.charged.tolist(),
+            "flushes": self.flushes, "diverged": self.diverged,
+            "history": _history_json(self.history),
+            "wall_time_s": self.wall, "client_compute_s": self.compute,
+            "ledger_pointer": self.ledger.head().to_dict() if self.ledger is not None else None,
+        })
+        self._saved_at = self.events_done
+
+    def restore(self, directory: Path) -> None:
+        """Continue from the latest checkpoint in ``directory`` (checked against the ledger)."""
+        tensors, state = checkpoint.load_latest(directory, self.device)
+        if state.get("algorithm") != self.alg:
+            raise checkpoint.CheckpointError(
+                f"{directory}: checkpoint is for {state.get('algorithm')!r}, not {self.alg!r}")
+        if state.get("config") != _config_json(self.cfg):
+            raise checkpoint.CheckpointError(
+                f"{directory}: checkpoint was made with another configuration; resume with the "
+                "same settings or start a new --out")
+        k, d = self.cfg.edges, self.dim
+        shapes = {"x": (d,), "pulled": (k, d), "grads": (k, d)}
+        for name, shape in shapes.items():
+            if name not in tensors or tuple(tensors[name].shape) != shape:
+                raise checkpoint.CheckpointError(f"{directory}: tensor {name!r} missing or not "
+                                                 f"of shape {shape}")
+        self.x, self.pulled, self.grads = tensors["x"], tensors["pulled"], tensors["grads"]
+        self.events_done, self.applied = int(state["events_done"]), int(state["applied"])
+        self.ready = np.array(state["ready"], dtype=bool)
+        self.next_upload = np.array(state["next_upload"], dtype=np.int64)
+        self.delta_s = np.array(state["delta_s"], dtype=np.float64)
+        self.charged = np.array(state["charged"], dtype=np.int64)
+        self.flushes, self.diverged = int(state["flushes"]), state["diverged"]
+        self.history = _history_json(state["history"], decode=True)
+        self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
+        self._saved_at = self.events_done
+        if self.ledger is not None:
+            ptr = state["ledger_pointer"]
+            if ptr is None:
+                raise checkpoint.CheckpointError(f"{directory}: a private run's checkpoint "
+                                                 "without a ledger pointer")
+            self.adopt(LedgerPointer.from_dict(ptr))
 
     # -- the loop -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -803,23 +1159,24 @@ class _Run:
                "client_compute_s": self.compute,
                "simulated_time_s": float(self.sched.done_s[last]) if last >= 0 else 0.0}
         if self.private and self.ledger is not None:
-            eps = self.ledger.epsilons()
-            row["epsilon_max"] = max(eps.values()) if eps else 0.0
+            row["epsilon_max"] = self._epsilon_max()
         self.history.append(row)
         return row
 
-    def run(self) -> None:
+    def run(self, ckpt_dir: Path | None = None) -> None:
+        """Serve cloud events ``events_done .. end - 1`` (checkpointing into ``ckpt_dir``)."""
         sched = self.sched
-        self.evaluate()
-        bar = progress(int(sched.applied[:self.end].sum()), desc=self.alg)
+        every = self.cfg.checkpoint_every if ckpt_dir is not None else 0
+        if not self.history:
+            self.evaluate()
+        bar = progress(int(sched.applied[self.events_done:self.end].sum()), desc=self.alg)
         try:
             start = time.perf_counter()
-            if not self.cfg.batched:  # every edge starts its first upload on version 0
-                for k in range(self.cfg.edges):
-                    j = self._job_event(k)
-                    if j >= 0 and sched.applied[j]:
+            if not self.cfg.batched and self.events_done == 0:
+                for k in range(self.cfg.edges):  # every edge starts on version 0
+                    if self._will_apply(k):
                         self._compute([k])
-            for j in range(self.end):
+            for j in range(self.events_done, self.end if self.diverged is None else 0):
                 k = int(sched.edge[j])
                 if sched.applied[j]:
                     if not self.ready[k]:
@@ -831,22 +1188,33 @@ class _Run:
                     self._charge([k])  # a dropped upload was still released
                 self.events_done = j + 1
                 self._pull(k)
-                if sched.applied[j]:
-                    bar.update(1)
-                    if self.applied % self.cfg.eval_every == 0:
-                        self.wall += time.perf_counter() - start
-                        if not bool(torch.isfinite(self.x).all()):
-                            self.diverged = f"non-finite model after update {self.applied}"
-                            break
-                        row = self.evaluate()
-                        bar.set_postfix(loss=f"{row['train_loss']:.3f}")
-                        start = time.perf_counter()
+                if not sched.applied[j]:
+                    continue
+                bar.update(1)
+                if self.applied % self.cfg.eval_every == 0:
+                    self.wall += time.perf_counter() - start
+                    start = time.perf_counter()
+                    if not bool(torch.isfinite(self.x).all()):
+                        self.diverged = f"non-finite model after update {self.applied}"
+                        break
+                    row = self.evaluate()
+                    bar.set_postfix(loss=f"{row['train_loss']:.3f}")
+                if every and self.applied % every == 0:
+                    assert ckpt_dir is not None
+                    self.wall += time.perf_counter() - start
+                    self.save(ckpt_dir)
+                    start = time.perf_counter()
             else:
                 self.wall += time.perf_counter() - start
-                if not bool(torch.isfinite(self.x).all()):
+                if self.diverged is None and not bool(torch.isfinite(self.x).all()):
                     self.diverged = f"non-finite model after update {self.applied}"
             if not self.diverged and self.history[-1]["iteration"] != self.applied:
                 self.evaluate()
+            if self.precharged:
+                raise RuntimeError("charges adopted on resume were not all replayed")
+            if every and self._saved_at != self.events_done:
+                assert ckpt_dir is not None
+                self.save(ckpt_dir)
         finally:
             bar.close()
 
@@ -901,10 +1269,21 @@ class _Run:
         if not np.array_equal(charged, uploads):  # each upload charged exactly once
             raise RuntimeError("ledger charges differ from the uploads made")
         basic = uploads * self.eps
+        poisson = cfg.batch_sampler == "poisson"
+        if poisson:
+            sampling = (f"Poisson: each record of edge k independently with probability "
+                        f"q_k = b / n_k (q_k from {self.q.min():.4g} to {self.q.max():.4g}); the "
+                        f"clipped sum is divided by b = {cfg.batch} (the batch size stays "
+                        "hidden)")
+        else:
+            sampling = f"{cfg.batch} distinct records per upload (without replacement)"
         out: dict[str, Any] = {
             "delta": cfg.delta,
             "method": "optimal composition (pure-DP, per edge)",
-            "neighbouring_relation": "replace-one (sensitivity 2 C_s / b)",
+            "neighbouring_relation": (
+                "add/remove (the amplification bound's relation; the noise is calibrated to "
+                "2 C_s / b, which bounds the add/remove sensitivity C_s / b)"
+                if cfg.amplification else "replace-one (sensitivity 2 C_s / b)"),
             "epsilon_mean": float(per_edge.mean()), "epsilon_max": float(per_edge.max()),
             "per_edge": per_edge.tolist(),
             "epsilon_basic_mean": float(basic.mean()), "epsilon_basic_max": float(basic.max()),
@@ -918,10 +1297,32 @@ class _Run:
             "noise": {"l2": "L2-norm Laplace, density ~ exp(-eps ||eta|| / DeltaS)",
                       "l1": "i.i.d. Laplace(sqrt(d) DeltaS / eps) per coordinate"}[cfg.noise],
             "clipping": "per-example L2 clip C_s = b DeltaS_s / 2 (always)",
-            "batch_sampling": f"{cfg.batch} distinct records per upload (without replacement)",
-            "amplification": "none (the batch composition is not assumed secret)",
+            "batch_sampling": sampling,
+            "amplified": cfg.amplification,
+            "amplification": (
+                AMPLIFICATION_ASSUMPTION + ": each upload priced as eps' = log(1 + q_k "
+                "(e^eps_k - 1)) (Balle, Barthe & Gaboardi 2018, Thm 8), composed optimally"
+                if cfg.amplification else
+                "none (" + ("--amplification not requested" if poisson else
+                            "a fixed-size batch of distinct records") + "; each upload is "
+                "charged its full eps_k)"),
             "proven": True,
         }
+        if cfg.amplification:
+            # the unamplified bound: n_k pure eps_k steps (valid under either relation)
+            unamp = np.array([self._epsilon(self.base_events[k], int(n), "REPLACE_ONE")
+                              if n else 0.0 for k, n in enumerate(uploads.tolist())])
+            amp_step = np.array([ev.epsilon for ev in self.edge_events])
+            out |= {
+                "epsilon_assumption": AMPLIFICATION_ASSUMPTION,
+                "epsilon_unamplified_mean": float(unamp.mean()),
+                "epsilon_unamplified_max": float(unamp.max()),
+                "per_edge_unamplified": unamp.tolist(),
+                "per_upload_epsilon_amplified": {"min": float(amp_step.min()),
+                                                 "max": float(amp_step.max())},
+                "sampling_probability": {"min": float(self.q.min()),
+                                         "max": float(self.q.max())},
+            }
         if cfg.variance == "paper":
             out["variance_note"] = ("Delta_0 = 2 DeltaS^2/eps^2 (paper) understates the noise's "
                                     "E||eta||^2 by " + ("d(d+1)/2" if cfg.noise == "l2"
@@ -933,9 +1334,21 @@ class _Run:
 
 
 def run_algorithm(algorithm: str, cfg: MapaConfig, *, out: Path | None = None,
-                  dataset: FederatedDataset | None = None,
-                  schedule: Schedule | None = None) -> dict[str, Any]:
-    """Run one algorithm; returns its report entry (``history``, privacy, staleness, ...)."""
+                  dataset: FederatedDataset | None = None, schedule: Schedule | None = None,
+                  resume: bool = False) -> dict[str, Any]:
+    """Run one algorithm; returns its report entry (``history``, privacy, staleness, ...).
+
+    With ``out``, the ledger is ``out/ledger-<algorithm>.jsonl`` and checkpoints go to
+    ``out/checkpoints/<algorithm>/`` every ``cfg.checkpoint_every`` applied updates;
+    ``resume=True`` continues from the latest checkpoint (or, without one, restarts and adopts
+    the charges a crashed first window left in the ledger).
+
+    Raises:
+        LedgerMismatchError: on resume, the ledger lacks the checkpoint's entry (older ledger).
+        LedgerRollbackError: on resume, the checkpoint is older than the ledger's spend.
+        CheckpointError: a checkpoint of another algorithm or configuration, or one whose
+            ledger is missing.
+    """
     if algorithm not in ALGORITHMS:
         raise InvalidParameterError("algorithms", algorithm, f"among {', '.join(ALGORITHMS)}")
     device = resolve_device(cfg.device)
@@ -946,9 +1359,23 @@ def run_algorithm(algorithm: str, cfg: MapaConfig, *, out: Path | None = None,
     if schedule is None:
         schedule = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed,
                             tau_max=cfg.tau_max)
-    ledger = _open_ledger(cfg, algorithm, out) if algorithm != "asgd" else None
+    ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
+    has_ckpt = bool(resume and ckpt_dir is not None
+                    and checkpoint.latest_round(ckpt_dir) is not None)
+    private = algorithm != "asgd"
+    if has_ckpt and private and out is not None \
+            and not (out / f"ledger-{algorithm}.jsonl").exists():
+        raise checkpoint.CheckpointError(
+            f"{ckpt_dir}: a checkpoint exists but its ledger {out / f'ledger-{algorithm}.jsonl'} "
+            "is missing; spend is never reset (use a new --out)")
+    ledger = _open_ledger(cfg, algorithm, out, resume) if private else None
     run = _Run(algorithm, cfg, ops, _pool(ds, device), schedule, ledger, device)
-    run.run()
+    if has_ckpt:
+        assert ckpt_dir is not None
+        run.restore(ckpt_dir)
+    elif resume and ledger is not None and ledger.head().seq >= 0:
+        run.adopt(ledger.origin())  # a crash before the first checkpoint
+    run.run(ckpt_dir if cfg.checkpoint_every else None)
     res = run.result()
     res["_model"] = run.x.detach().cpu()
     res["_ledger"] = ledger
@@ -1029,8 +1456,14 @@ def _plot_extras(out: Path, schedule: Schedule, end: int,
 
 
 def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
-          out: str | Path | None = None) -> dict[str, Any]:
-    """Run ``algorithms`` on one schedule and one data set (same seed); write the report."""
+          out: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run ``algorithms`` on one schedule and one data set (same seed); write the report.
+
+    ``resume=True`` continues each algorithm from its latest checkpoint in ``out`` (see
+    :func:`run_algorithm`). The report's only wall-clock fields are ``wall_time_s`` and
+    ``client_compute_s`` (history rows, ``config.simulator.wall_time_s``); everything else is
+    the same bitwise for a resumed run and an uninterrupted one.
+    """
     if not algorithms:
         raise InvalidParameterError("algorithms", algorithms, "at least one algorithm")
     for name in algorithms:
@@ -1040,17 +1473,19 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
     _check_data(cfg, ds)
     _ops(cfg.model, ds)  # model/data mismatches fail before any ledger file is created
     out_path = Path(out) if out is not None else None
-    if out_path is not None:
+    if out_path is not None and not resume:
         for name in algorithms:
             if name != "asgd" and (out_path / f"ledger-{name}.jsonl").exists():
                 raise InvalidParameterError("out", str(out_path), f"a directory without "
-                                            f"ledger-{name}.jsonl (use a new --out)")
+                                            f"ledger-{name}.jsonl (use a new --out, or "
+                                            "--resume)")
     t0 = time.perf_counter()
     schedule = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed, tau_max=cfg.tau_max)
     sim_s = time.perf_counter() - t0
     results: dict[str, Any] = {}
     for name in dict.fromkeys(algorithms):
-        results[name] = run_algorithm(name, cfg, out=out_path, dataset=ds, schedule=schedule)
+        results[name] = run_algorithm(name, cfg, out=out_path, dataset=ds, schedule=schedule,
+                                      resume=resume)
     public = {n: {k: v for k, v in r.items() if not k.startswith("_")}
               for n, r in results.items()}
     config = dataclasses.asdict(cfg) | {
@@ -1058,7 +1493,7 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
         "dataset_description": ds.description, "num_parameters": _ops(cfg.model, ds).dim,
         "train_sizes": {"min": int(ds.train_sizes.min()), "max": int(ds.train_sizes.max()),
                         "total": int(ds.train_sizes.sum())},
-        "simulator": {"method": schedule.method, "seconds": sim_s,
+        "simulator": {"method": schedule.method, "wall_time_s": sim_s,
                       "speeds": {"min": float(schedule.speeds.min()),
                                  "median": float(np.median(schedule.speeds)),
                                  "max": float(schedule.speeds.max())}},
@@ -1089,9 +1524,12 @@ def final_table(result: dict[str, Any]) -> str:
             notes.append(f"{name}: {r['diverged']}")
         if "privacy" in r:
             p = r["privacy"]
+            amp = (f" [{p['epsilon_assumption']}; unamplified: mean "
+                   f"{p['epsilon_unamplified_mean']:.4g}, max {p['epsilon_unamplified_max']:.4g}]"
+                   if p.get("amplified") else "")
             notes.append(
                 f"{name}: per-edge eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} "
-                f"at delta={p['delta']:g} (optimal composition; basic max "
+                f"at delta={p['delta']:g}{amp} (optimal composition; basic max "
                 f"{p['epsilon_basic_max']:.4g}); the paper's per-update claim: eps = "
                 f"{p['per_update_epsilon_paper']['max']:g}; uploads per edge "
                 f"{p['uploads_min']}..{p['uploads_max']} (mean {p['uploads_mean']:.1f})"

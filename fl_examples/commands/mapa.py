@@ -27,7 +27,15 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--edges", type=float, default=30, help="K, number of edge servers")
     u.add_argument("--epsilon", default="1",
                    help="per-upload epsilon of every edge, or K comma-separated values")
-    u.add_argument("--batch", type=float, default=24, help="b, distinct records per upload")
+    u.add_argument("--batch", type=float, default=24,
+                   help="b, records per upload (distinct), or the expected number (poisson)")
+    u.add_argument("--batch-sampler", default="distinct", choices=["distinct", "poisson"],
+                   help="distinct: b distinct records per upload (default); poisson: each "
+                        "record independently with probability b/n_k, clipped sum divided by b")
+    u.add_argument("--amplification", action="store_true",
+                   help="price uploads with amplification by Poisson subsampling (add/remove "
+                        "neighbours; assumes the sampler's outcome stays secret); needs "
+                        "--batch-sampler poisson")
     u.add_argument("--updates", type=float, default=2000, help="applied cloud updates T")
     u.add_argument("--delta", type=float, default=1e-3,
                    help="Thm 3's delta and the delta of every reported epsilon")
@@ -69,6 +77,12 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--threads", type=float, default=1,
                    help="torch CPU threads (default 1: the per-upload kernels are small, and "
                         "more threads only contend)")
+    u.add_argument("--checkpoint-every", type=float, default=0,
+                   help="checkpoint every N applied updates (and at the end) into "
+                        "OUT/checkpoints/<algorithm> (0: never)")
+    u.add_argument("--resume", action="store_true",
+                   help="continue from OUT's checkpoints and ledgers (charges a crash left "
+                        "after the last checkpoint are adopted, never made twice)")
     u.add_argument("--out", required=True, help="output directory (report.json, plots, ledgers)")
     u.add_argument("--json", action="store_true", help="print the final results as JSON")
 
@@ -103,12 +117,14 @@ def run(args: argparse.Namespace) -> int:
         cloud_time_s=args.cloud_time, jitter=args.jitter, seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
         epsilon_budget=args.epsilon_budget, target_loss=args.target_loss, device=args.device,
-        batched=not args.naive,
+        batched=not args.naive, batch_sampler=args.batch_sampler,
+        amplification=args.amplification,
+        checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        res = train(cfg, algorithms=algorithms, out=args.out)
+        res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
     finally:
         torch.set_num_threads(before)
     if args.json:
@@ -118,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
                      "staleness_mean": r["staleness_mean"], "staleness_max": r["staleness_max"]}
             if "privacy" in r:
                 entry["privacy"] = {k: v for k, v in r["privacy"].items()
-                                    if k not in ("per_edge", "uploads_per_edge")}
+                                    if k not in ("per_edge", "uploads_per_edge",
+                                                 "per_edge_unamplified")}
             summary[name] = entry
         print(json.dumps({"algorithms": summary, "comparison": res["comparison"]}))
     else:

@@ -7,8 +7,9 @@ stateful :class:`Accountant`; calibrate noise with
 
 # Imported for their side effect: each registers the pricing rules of its events
 # (objective: L2LaplaceDpEvent, ObjectivePerturbationDpEvent; rec: RecDpEvent and sampling
-# with replacement; midp: CodedDataMiEvent, refused as an epsilon) and allows them to be
-# rebuilt from a ledger in a fresh process.
+# with replacement; midp: CodedDataMiEvent, refused as an epsilon; amplification:
+# PoissonSampledPureDpEvent) and allows them to be rebuilt from a ledger in a fresh process.
+from privkit.accountants import amplification as _amplification  # noqa: F401
 from privkit.accountants import midp as _midp  # noqa: F401
 from privkit.accountants import objective as _objective  # noqa: F401
 from privkit.accountants import rec as _rec  # noqa: F401

@@ -13,15 +13,19 @@ import privkit
 from fl_examples.core.asyncsim import simulate
 from fl_examples.core.idx import write_idx
 from fl_examples.mapa import (
+    AMPLIFICATION_ASSUMPTION,
     MapaCNN,
     MapaConfig,
     MapaSchedule,
+    PoissonSampledPureDpEvent,
     _LogRegOps,
     _mechanism,
     _pool,
     _Run,
+    amplified_epsilon,
     asgd_step,
     audp_step,
+    final_table,
     initial_sensitivity,
     load_edges,
     noise_variance,
@@ -29,8 +33,9 @@ from fl_examples.mapa import (
     train,
     updates_to_loss,
 )
+from privkit.accountants.rules import NeighboringRelation
 from privkit.cli import main
-from privkit.errors import InvalidParameterError
+from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.ledger import Ledger
 
 SMALL = dict(dataset="digits", edges=8, batch=16, updates=120, eval_every=40, seed=3)
@@ -126,10 +131,10 @@ def test_noise_variance_modes():
 
 
 # ----------------------------------------------------------------------------- noise law
-def _run(cfg, ds, ledger=None):
+def _run(cfg, ds, ledger=None, alg="audp"):
     ops = _LogRegOps(ds.num_features, ds.num_classes)
     sched = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed)
-    return _Run("audp", cfg, ops, _pool(ds, torch.device("cpu")), sched, ledger,
+    return _Run(alg, cfg, ops, _pool(ds, torch.device("cpu")), sched, ledger,
                 torch.device("cpu"))
 
 
@@ -254,6 +259,153 @@ def test_updates_to_loss():
     assert updates_to_loss(h, 1.5) == 50 and updates_to_loss(h, 0.5) is None
 
 
+# ----------------------------------------------------------- Poisson sampler, amplification
+ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+def test_amplified_epsilon_known_values():
+    # eps' = log(1 + q (e^eps - 1)) (Balle, Barthe & Gaboardi 2018, Thm 8)
+    assert amplified_epsilon(1.0, 0.1) == pytest.approx(math.log(1 + 0.1 * (math.e - 1)),
+                                                        rel=1e-15)
+    assert amplified_epsilon(1.0, 0.1) == pytest.approx(0.158565, abs=5e-7)
+    assert amplified_epsilon(2.0, 1.0) == pytest.approx(2.0, rel=1e-15)  # q = 1: no gain
+    for eps in (0.01, 0.5, 1.0, 5.0):
+        for q in (1e-6, 0.01, 0.3, 0.999):
+            assert amplified_epsilon(eps, q) < eps
+    # composed optimally as pure steps: q with eps' = 0.1 and 100 uploads reproduce the
+    # spec's KOV optimal-composition vector (eps0 = 0.1, k = 100, delta = 1e-5: 4.30679)
+    q = math.expm1(0.1) / math.expm1(1.0)
+    ev = PoissonSampledPureDpEvent(q, privkit.L2LaplaceDpEvent(1.0, 650))
+    assert ev.epsilon == pytest.approx(0.1, rel=1e-12)
+    rep = privkit.epsilon(privkit.SelfComposedDpEvent(ev, 100), 1e-5, "optimal",
+                          neighboring_relation=ADD_REMOVE)
+    assert rep.epsilon == pytest.approx(4.30679, abs=2e-5)
+    assert AMPLIFICATION_ASSUMPTION in rep.assumptions
+    full = PoissonSampledPureDpEvent(1.0, privkit.L2LaplaceDpEvent(1.0, 650))
+    plain = privkit.SelfComposedDpEvent(privkit.L2LaplaceDpEvent(1.0, 650), 100)
+    assert privkit.epsilon(privkit.SelfComposedDpEvent(full, 100), 1e-5, "optimal").epsilon \
+        == privkit.epsilon(plain, 1e-5, "optimal").epsilon == pytest.approx(79.84132, abs=1e-4)
+    # RDP / PLD price it through randomized response, and only under add/remove
+    assert privkit.epsilon(privkit.SelfComposedDpEvent(ev, 100), 1e-5, "pld",
+                           neighboring_relation=ADD_REMOVE).epsilon == pytest.approx(4.3, abs=0.1)
+    with pytest.raises(UnsupportedEventError, match="ADD_OR_REMOVE_ONE"):
+        privkit.epsilon(ev, 1e-5, "rdp", neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    with pytest.raises(InvalidParameterError, match="sampling_probability"):
+        PoissonSampledPureDpEvent(0.0, privkit.L2LaplaceDpEvent(1.0, 650))
+    with pytest.raises(InvalidParameterError, match="event"):
+        PoissonSampledPureDpEvent(0.5, privkit.GaussianDpEvent(1.0))
+
+
+def test_amplification_is_refused_without_the_poisson_sampler(tmp_path, capsys):
+    with pytest.raises(InvalidParameterError, match="amplification.*poisson"):
+        MapaConfig(**SMALL, amplification=True)
+    with pytest.raises(InvalidParameterError, match="batch_sampler"):
+        MapaConfig(**SMALL, batch_sampler="shuffle")
+    argv = ["train", "mapa", "--edges", "6", "--updates", "5", "--amplification",
+            "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "amplification" in err[0] and "poisson" in err[0]
+    assert not (tmp_path / "x").exists()  # nothing written
+
+
+def test_poisson_batches_include_each_record_with_probability_q(digits8):
+    cfg = MapaConfig(**SMALL, batch_sampler="poisson")
+    run = _run(cfg, digits8)
+    n, b, uploads = int(digits8.train_sizes[0]), cfg.batch, 3000
+    q = b / n
+    assert run.q[0] == q
+    counts = np.zeros(n)
+    sizes = []
+    for u in range(uploads):
+        rows = run._batch_rows(0, u) - int(run.data.offsets[0])
+        assert len(np.unique(rows)) == len(rows)  # a record is used at most once
+        counts[rows] += 1
+        sizes.append(len(rows))
+    # overall inclusion rate q (binomial, 4 sigma); every record's frequency within 5 sigma of
+    # q (union bound over the records: false failure < 2e-4); no record favoured (chi-square)
+    total, expect = counts.sum(), n * uploads * q
+    assert abs(total - expect) < 4 * math.sqrt(expect * (1 - q))
+    assert np.abs(counts / uploads - q).max() < 5 * math.sqrt(q * (1 - q) / uploads)
+    assert stats.chisquare(counts).pvalue > 1e-4
+    # batch sizes ~ Binomial(n, q): mean b, variance n q (1 - q)
+    assert abs(np.mean(sizes) - b) < 4 * math.sqrt(n * q * (1 - q) / uploads)
+    assert np.var(sizes) == pytest.approx(n * q * (1 - q), rel=0.15)
+    distinct = _run(MapaConfig(**SMALL), digits8)
+    assert all(len(distinct._batch_rows(0, u)) == b for u in range(50))
+
+
+def test_poisson_release_is_the_clipped_sum_over_b(digits8):
+    cfg = MapaConfig(**SMALL, batch_sampler="poisson", epsilon=1e12)  # negligible noise
+    run = _run(cfg, digits8)
+    b, d = cfg.batch, run.dim
+    run.delta_s[:] = 2.0 / b  # C = b DeltaS / 2 = 1
+    per = torch.zeros(1, 20, d)
+    per[0, :, 0] = 3.0  # every row has norm 3: clipped to 1
+    mask = torch.zeros(1, 20, dtype=torch.bool)
+    mask[0, :5] = True  # 5 sampled records
+    out = run._noisy_batched(per, [0], [0], mask)
+    assert float(out[0, 0]) == pytest.approx(5 / b, abs=1e-6)  # sum of 5 clipped rows / b
+    assert float(out[0, 1:].abs().max()) < 1e-6
+
+
+def test_poisson_amplified_run_reports_both_numbers(tmp_path, digits8):
+    # b = the smallest edge's size: that edge has q = 1 (no amplification), the others q < 1
+    b = int(digits8.train_sizes.min())
+    cfg = MapaConfig(**(SMALL | {"batch": b}), epsilon=2.0, batch_sampler="poisson",
+                     amplification=True)
+    res = train(cfg, algorithms=("audp",), out=tmp_path)
+    p = res["algorithms"]["audp"]["privacy"]
+    led = Ledger.open(tmp_path / "ledger-audp.jsonl")
+    assert led.neighboring_relation is ADD_REMOVE
+    sizes = digits8.train_sizes
+    for k in range(8):
+        n = p["uploads_per_edge"][k]
+        base = privkit.L2LaplaceDpEvent(2.0, 650)
+        amp = PoissonSampledPureDpEvent(b / int(sizes[k]), base)
+        want = privkit.epsilon(privkit.SelfComposedDpEvent(amp, n), 1e-3, "optimal",
+                               neighboring_relation=ADD_REMOVE).epsilon
+        plain = privkit.epsilon(privkit.SelfComposedDpEvent(base, n), 1e-3, "optimal").epsilon
+        assert p["per_edge"][k] == want == led.epsilons()[str(k)]
+        assert p["per_edge_unamplified"][k] == plain
+        if sizes[k] == b:
+            assert p["per_edge"][k] == plain
+        else:
+            assert p["per_edge"][k] < plain
+    assert p["amplified"] and p["epsilon_assumption"] == AMPLIFICATION_ASSUMPTION
+    assert "stays secret" in p["amplification"] and "add/remove" in p["neighbouring_relation"]
+    assert p["epsilon_max"] < p["epsilon_unamplified_max"]
+    table = final_table(res)
+    assert "stays secret" in table and "unamplified" in table
+    hist = [h["epsilon_max"] for h in res["algorithms"]["audp"]["history"]]
+    assert hist[-1] == p["epsilon_max"] and hist == sorted(hist)
+    # Poisson sampling without --amplification: charged the full eps_k, replace-one
+    plain_run = run_algorithm("audp", MapaConfig(**(SMALL | {"batch": b}), epsilon=2.0,
+                                                 batch_sampler="poisson"), dataset=digits8)
+    q = plain_run["privacy"]
+    assert not q["amplified"] and "per_edge_unamplified" not in q
+    assert q["per_edge"] == p["per_edge_unamplified"]
+
+
+def test_poisson_batched_equals_the_reference_path_and_budget_stops(tmp_path, digits8):
+    cfg = MapaConfig(**SMALL, batch_sampler="poisson", amplification=True, epsilon=50.0,
+                     variance="paper")
+    for alg in ("mapa", "asgd"):
+        a = run_algorithm(alg, cfg, dataset=digits8)
+        b = run_algorithm(alg, MapaConfig(**(cfg.__dict__ | {"batched": False})),
+                          dataset=digits8)
+        assert torch.allclose(a["_model"], b["_model"], rtol=1e-5, atol=1e-6)
+    q0 = 16 / int(digits8.train_sizes.min())
+    ev = PoissonSampledPureDpEvent(q0, privkit.L2LaplaceDpEvent(1.0, 650))
+    budget = privkit.epsilon(privkit.SelfComposedDpEvent(ev, 8), 1e-3, "optimal").epsilon
+    res = run_algorithm("audp", MapaConfig(**SMALL, epsilon=1.0, batch_sampler="poisson",
+                                           amplification=True, epsilon_budget=budget),
+                        dataset=digits8, out=tmp_path)
+    p = res["privacy"]
+    assert "stopped before upload" in p["stopped"] and p["epsilon_max"] <= budget
+    assert p["epsilon_unamplified_max"] > budget  # the budget binds the amplified number
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kw,name", [
     ({"epsilon": 0.0}, "epsilon"), ({"epsilon": -1.0}, "epsilon"),
@@ -265,6 +417,8 @@ def test_updates_to_loss():
     ({"edges": 0}, "edges"), ({"noise": "gauss"}, "noise"), ({"variance": "x"}, "variance"),
     ({"speed_dist": "normal:0,1"}, "speed_dist"), ({"lipschitz": 0}, "lipschitz"),
     ({"epsilon_budget": -1}, "epsilon_budget"), ({"model": "mlp"}, "model"),
+    ({"batch_sampler": "with-replacement"}, "batch_sampler"),
+    ({"amplification": True}, "amplification"), ({"checkpoint_every": -1}, "checkpoint_every"),
 ])
 def test_bad_config_is_named(kw, name):
     with pytest.raises(InvalidParameterError, match=name):

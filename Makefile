@@ -1,11 +1,12 @@
-# privkit: make run | make test | make bench
+# privkit: make run | make test | make docs | make bench | make soak
 # Each target creates .venv if missing and installs the project first.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.privkit-installed
+FULL   := $(VENV)/.privkit-installed-full
 
-.PHONY: run test bench lint clean
+.PHONY: run test docs bench lint clean soak
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,15 +18,37 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,examples]"
 	touch $(STAMP)
 
+# make test also needs the Flower adapters' and the docs site's dependencies.
+$(FULL): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,examples,flower,docs]"
+	touch $(FULL)
+
 run: $(STAMP)
 	$(VENV)/bin/privkit demo
 
-test: $(STAMP)
+# The docs are built strictly (a broken link or docstring fails the build); tests/test_readme.py
+# runs every example in README.md and docs/.
+test: $(FULL)
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check privkit fl_examples tests bench
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $$(mktemp -d)/site
 
-bench: $(STAMP)
+docs: $(FULL)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The reliability suite's full sweep (10^4 accountant settings, 24 kill points, audit rates).
+soak: $(FULL)
+	PRIVKIT_SOAK=1 $(PY) -m pytest -q -s tests/reliability
+
+bench: $(FULL)
 	$(PY) bench/accounting.py
+	$(PY) bench/mechanisms.py
+	$(PY) bench/secure.py
+	$(PY) bench/trainers.py
+	$(PY) bench/mapa.py --quick
+	$(PY) bench/scfl.py
+	$(PY) bench/rec.py --quick
+	$(PY) bench/flower.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check privkit fl_examples tests bench

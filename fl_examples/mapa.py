@@ -137,7 +137,7 @@ def initial_sensitivity(sigma: float, batch: int, delta: float) -> float:
     It bounds the *realised* sensitivity with probability >= 1 - delta; privkit only uses it
     as the first clip bound (``C_0 = b DeltaS_0 / 2``) and always clips.
 
-    Example:
+    Examples:
         >>> round(initial_sensitivity(30, 24, 1e-3), 6)
         111.789419
     """
@@ -204,9 +204,11 @@ class MapaSchedule:
         tau: the staleness bound used in the formulas, >= 0.
         theta: the per-stage shrink factor, in (0, 1).
         dim: d, the number of model coordinates.
-        noise, variance: see :func:`noise_variance`.
+        noise: the noise shape (``l2`` or ``l1``), see :func:`noise_variance`.
+        variance: ``sound`` (the noise's true variance) or ``paper``, see
+            :func:`noise_variance`.
 
-    Example:
+    Examples:
         >>> s = MapaSchedule(sigma=30, batch=24, delta=1e-3, epsilon0=1, lipschitz=10, r0=50,
         ...                  tau=3, theta=0.5, dim=4380, variance="paper")
         >>> [s.stage(i).length for i in range(5)]
@@ -502,7 +504,7 @@ class MapaCNN:
     N(0, 1/fan_in) (fan_in = in_channels * 25, our reading of the testbed's "1/(number of
     elements)"), the linear weight N(0, 0.01^2), biases 0.
 
-    Example:
+    Examples:
         >>> MapaCNN().num_parameters
         4380
     """

@@ -4,7 +4,7 @@ The public API: accountants that price privacy events as (epsilon, delta)
 upper bounds, calibration that never overshoots, privacy events that speak
 dp-accounting's ``DpEvent`` algebra, and a per-client budget ledger.
 
-Example:
+Examples:
     >>> import privkit
     >>> ev = privkit.gaussian_steps_event(noise_multiplier=1.0, steps=100)
     >>> round(privkit.epsilon(ev, delta=1e-5).epsilon, 4)

@@ -12,7 +12,7 @@ Events are plain data and round-trip through JSON with :func:`event_to_dict` and
 that registered themselves with :func:`register_event_module` can be rebuilt, so
 loading a journal never imports or calls arbitrary code.
 
-Example:
+Examples:
     >>> from privkit.events import GaussianDpEvent, SelfComposedDpEvent, event_to_dict
     >>> event_to_dict(SelfComposedDpEvent(GaussianDpEvent(1.0), 3))["count"]
     3
@@ -165,7 +165,7 @@ def gaussian_steps_event(
         sampling_probability: Poisson sampling probability in (0, 1]; 1 means
             every record is used in every step (no amplification).
 
-    Example:
+    Examples:
         >>> ev = gaussian_steps_event(1.1, 1000, 0.01)
         >>> ev.count, ev.event.sampling_probability, ev.event.event.noise_multiplier
         (1000, 0.01, 1.1)
@@ -182,7 +182,7 @@ def gaussian_steps_event(
 def pure_steps_event(epsilon: float, steps: int) -> DpEvent:
     """``steps`` uses of an ``epsilon``-DP mechanism.
 
-    Example:
+    Examples:
         >>> pure_steps_event(1.0, 10)
         SelfComposedDpEvent(event=PureDpEvent(epsilon=1.0), count=10)
     """

@@ -86,7 +86,7 @@ class OutputPerturbationMod(_PrivacyMod):
     (``clip="update"``), with ``xi`` the L2 clip to tau and ``n ~ N(0, stddev^2 I)`` over every
     array of the reply's single ArrayRecord. The reply's metrics gain ``privkit-noise-multiplier``.
 
-    Example:
+    Examples:
         ``ClientApp(mods=[OutputPerturbationMod()])`` with a strategy given
         ``privacy=PrivacySettings("output", l2_clip_norm=10, stddev=0.8)``.
     """

@@ -57,7 +57,7 @@ Importing this module registers :class:`CodedDataMiEvent` with :mod:`privkit.eve
 round trip) and with the accounting rules, so every (epsilon, delta) accountant and the
 ledger refuse it with a message saying it is an MI-DP release.
 
-Example:
+Examples:
     >>> round(midp_coded_features(1000, 4.0, 1.0, 784), 6)
     0.936444
 """
@@ -337,7 +337,7 @@ def midp_coded_features(num_coded_rows: Any, stddev: Any, row_l2_bound: Any, dim
         InvalidParameterError: NaN, inf, negative or non-integer arguments (named).
         NumericalError: if a bound came out NaN.
 
-    Example:
+    Examples:
         >>> midp_coded_features([1, 10, 100], 1.0, 1.0, 1).round(6).tolist()
         [0.02983, 0.234176, 0.970744]
     """
@@ -419,7 +419,7 @@ def midp_coded_release(event: CodedDataMiEvent) -> MiDpReport:
 
     The report holds nats; ``.bits`` converts.
 
-    Example:
+    Examples:
         >>> ev = CodedDataMiEvent(1000, 4.0, 1.0, 784, "NOISY", 4.0, 1.0, 10, True)
         >>> round(midp_coded_release(ev).nats, 5)
         3.60356

@@ -23,7 +23,7 @@ Randomness: a ``numpy.random.Generator`` (fast mode) or a
 :func:`client_rng` derives a client's generator from ``(seed, client id)`` only, so the coded
 rows do not depend on the order in which clients are processed.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> x = np.eye(3)
     >>> y = np.eye(3)[:, :2]

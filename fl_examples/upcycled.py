@@ -46,7 +46,9 @@ from fl_examples.core.rounds import (
 )
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
-from privkit.errors import InvalidParameterError
+from privkit._journal import canonical_json
+from privkit.errors import InvalidParameterError, LedgerRollbackError
+from privkit.events import event_to_dict
 from privkit.ledger import Ledger, LedgerPointer
 
 __all__ = ["ALGORITHMS", "UpcycledConfig", "run_algorithm", "train", "extrapolation",
@@ -226,6 +228,8 @@ class _Run:
         self.compute = 0.0
         self.plan, self.ledger = plan, ledger
         self.stopped: str | None = None
+        # data round -> clients whose charge for it is already in the ledger (adopted on resume)
+        self.precharged: dict[int, set[str]] = {}
 
     # -- one iteration ----------------------------------------------------------------------
     def data_round(self, t: int) -> int:
@@ -243,22 +247,51 @@ class _Run:
         self.iteration = t
         self.wall += time.perf_counter() - start
 
-    def _local_round(self, r: int) -> dict[str, torch.Tensor]:
+    def _selection(self, r: int) -> tuple[Any, Any]:
+        """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers)."""
         cfg = self.cfg
         sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
         epochs, strag = straggler_epochs(self.tree, r, len(sel), cfg.stragglers, cfg.local_epochs)
-        if self.algorithm == "fedavg":  # FedAvg drops stragglers
+        if self.algorithm == "fedavg":
             sel, epochs = sel[~strag], epochs[~strag]
-            if len(sel) == 0:
-                return {k: v.clone() for k, v in self.w.items()}
+        return sel, epochs
+
+    def _charge(self, r: int, sel: Any) -> torch.Generator:
+        """Write-ahead charge of data round ``r`` (all or nothing; charges a crashed run
+        already wrote for this very round are not made twice); returns its noise generator."""
+        assert self.plan is not None and self.ledger is not None
+        done = self.precharged.pop(r, set())
+        todo = [c for c in sel.tolist() if str(c) not in done]
+        if todo:
+            self.plan.charge(self.ledger, todo, round_=r, run_id=self.algorithm)
+        return self.tree.torch(r, "noise", self.device)
+
+    def _check_finite(self, local: dict[str, torch.Tensor], sel: Any, r: int, kind: str) -> None:
+        """Refuse a non-finite client update, naming the client (nothing is released)."""
+        ok = torch.ones(len(sel), dtype=torch.bool, device=self.device)
+        for v in local.values():
+            ok &= torch.isfinite(v.reshape(len(sel), -1)).all(dim=1)
+        if not bool(ok.all()):
+            j = int(torch.nonzero(~ok)[0])
+            charged = ("nothing was charged or released" if kind == "output" else
+                       "its noise term was drawn, so the round stays charged; nothing was "
+                       "released")
+            raise InvalidParameterError(
+                f"update of client {int(sel[j])} in data round {r}", "non-finite values",
+                f"finite ({charged}; lower --lr)")
+
+    def _local_round(self, r: int) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        sel, epochs = self._selection(r)
+        if len(sel) == 0:  # FedAvg with every sampled client a straggler
+            return {k: v.clone() for k, v in self.w.items()}
         linear = noise = None
-        if self.plan is not None and self.ledger is not None:
-            # Write-ahead: charge every participating client before any noise is drawn.
-            self.plan.charge(self.ledger, sel.tolist(), round_=r, run_id=self.algorithm)
-            noise = self.tree.torch(r, "noise", self.device)
-            if self.plan.kind == "objective":
-                terms = [self.plan.mechanism(int(c)).linear_term(self.w, rng=noise) for c in sel]
-                linear = {k: torch.stack([t[k] for t in terms]) for k in self.w}
+        plan = self.plan if self.ledger is not None else None
+        if plan is not None and plan.kind == "objective":
+            # The noise term enters the local objective: charge before training.
+            noise = self._charge(r, sel)
+            terms = [plan.mechanism(int(c)).linear_term(self.w, rng=noise) for c in sel]
+            linear = {k: torch.stack([t[k] for t in terms]) for k in self.w}
         idx = torch.as_tensor(sel, device=self.device)
         data = select(self.train, idx)
         mu = 0.0 if self.algorithm == "fedavg" else cfg.mu
@@ -269,8 +302,13 @@ class _Run:
             lr=cfg.lr, momentum=cfg.momentum, proximal_mu=mu,
             generator=self.tree.torch(r, "batches", self.device), linear_term=linear,
         )
-        if self.plan is not None and self.plan.kind == "output":
-            released = [self.plan.mechanism(int(c))({k: v[j] for k, v in local.items()}, rng=noise)
+        if plan is not None:
+            self._check_finite(local, sel, r, plan.kind)
+        if plan is not None and plan.kind == "output":
+            # Output perturbation: charge after the updates are known to be finite, before
+            # any noise is drawn, so a bad update is refused with nothing charged.
+            noise = self._charge(r, sel)
+            released = [plan.mechanism(int(c))({k: v[j] for k, v in local.items()}, rng=noise)
                         for j, c in enumerate(sel)]
             local = {k: torch.stack([rel[k] for rel in released]) for k in local}
         if self.device.type == "cuda":
@@ -318,10 +356,56 @@ class _Run:
         self.history = list(state["history"])
         self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
         if self.ledger is not None:
-            # The ledger never forgets: charges made after this checkpoint (a crash between a
-            # charge and the next checkpoint) are kept; the resumed run forks from here.
-            self.ledger.verify_pointer(LedgerPointer.from_dict(state["ledger_pointer"]),
-                                       fork=True, run_id=self.algorithm)
+            self.adopt(LedgerPointer.from_dict(state["ledger_pointer"]))
+
+    def _expected_charges(self, r: int) -> list[tuple[str, str]]:
+        """(client id, canonical event JSON) of each entry data round ``r`` charges, in order."""
+        assert self.plan is not None
+        groups: dict[Any, list[str]] = {}
+        for c in self._selection(r)[0].tolist():
+            groups.setdefault(self.plan.mechanism(int(c)).event(), []).append(str(c))
+        return [(cid, canonical_json(event_to_dict(ev))) for ev, ids in groups.items()
+                for cid in ids]
+
+    def adopt(self, pointer: LedgerPointer) -> None:
+        """Check the ledger against a restored state at ``pointer``; never lose or redo spend.
+
+        The ledger may hold charges after the pointer only if they are the write-ahead charges
+        of data rounds that the next checkpoint would have covered: a crash after charging and
+        before that checkpoint. Replaying those rounds draws the same noise (the seed tree is
+        part of the checkpointed configuration), so their charges are adopted rather than made
+        twice, and the resumed run ends bitwise equal to an uninterrupted one. Anything else
+        (a newer checkpoint existed, or another run's entries) is a rollback and is refused.
+
+        Raises:
+            LedgerMismatchError: the ledger lacks the pointer's entry (an older ledger).
+            LedgerRollbackError: the state is older than spend that later states depend on.
+        """
+        assert self.ledger is not None
+        pending = self.ledger.entries_since(pointer)
+        window = self.iteration + max(self.cfg.checkpoint_every, 1)
+        adopted: dict[int, set[str]] = {}
+        t, i = self.iteration, 0
+        while i < len(pending):
+            t += 1
+            if self.algorithm == "upcycled" and t % 2 == 0:
+                continue
+            r = self.data_round(t)
+            for cid, ev in self._expected_charges(r)[: len(pending) - i]:
+                e = pending[i]
+                same = (t <= window and e.get("kind") == "spend" and e["client_id"] == cid
+                        and e["round"] == r and e["run_id"] == self.algorithm
+                        and e["count"] == 1 and canonical_json(e["event"]) == ev)
+                if not same:
+                    raise LedgerRollbackError(
+                        f"the checkpoint at iteration {self.iteration} (ledger seq {pointer.seq}) "
+                        f"is older than the ledger (head seq {self.ledger.head().seq}): entry "
+                        f"{e['seq']} is spend that a later state depends on, not an interrupted "
+                        "round of this run; resume from the latest checkpoint (spend is never "
+                        "rolled back)")
+                adopted.setdefault(r, set()).add(cid)
+                i += 1
+        self.precharged = adopted
 
 
 def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
@@ -341,6 +425,12 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
     if resume and ckpt_dir is not None and checkpoint.latest_round(ckpt_dir) is not None:
         run.restore(ckpt_dir)
+    elif resume and ledger is not None and ledger.head().seq >= 0:
+        # No checkpoint yet: a crash during the first rounds may have left their charges.
+        try:
+            run.adopt(ledger.origin())
+        except LedgerRollbackError:
+            pass  # an earlier run's spend: kept, and this run charges on top of it
     bar = progress(iterations - run.iteration, desc=algorithm)
     try:
         while run.iteration < iterations:

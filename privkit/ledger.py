@@ -42,6 +42,8 @@ from privkit.accountants.rules import Composition, NeighboringRelation, flatten
 from privkit.errors import (
     BudgetExceededError,
     InvalidParameterError,
+    LedgerCorruptError,
+    LedgerError,
     LedgerMismatchError,
     LedgerRollbackError,
     PrivkitError,
@@ -141,6 +143,20 @@ def _client_ids(value: Any, *, unique: bool = False) -> list[str]:
     return ids
 
 
+def _now_iso() -> str:
+    """Now (UTC, seconds), or ``SOURCE_DATE_EPOCH`` when set: deterministic runs then write
+    byte-identical ledgers (the header's time is the only wall-clock field)."""
+    fixed = os.environ.get("SOURCE_DATE_EPOCH")
+    if fixed is not None:
+        try:
+            when = datetime.fromtimestamp(int(fixed), timezone.utc)
+        except (ValueError, OverflowError, OSError):
+            raise InvalidParameterError("SOURCE_DATE_EPOCH", fixed,
+                                        "an integer number of seconds since 1970") from None
+        return when.isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 # ------------------------------------------------------------------ ledger
 class Ledger:
     """Append-only per-client privacy ledger of one population.
@@ -199,7 +215,9 @@ class Ledger:
             epsilon_budget: per-client budget, finite and > 0; None: no budget.
             method: the accounting method (upper bounds), fixed for the ledger.
             neighboring_relation: dp-accounting's relation (or its name).
-            created: header timestamp (default: now, UTC); fix it for
+            created: header timestamp (default: the time given by the
+                ``SOURCE_DATE_EPOCH`` environment variable if it is set, the
+                reproducible-builds convention, else now; UTC); fix it for
                 byte-identical ledgers across runs.
 
         Raises:
@@ -207,7 +225,7 @@ class Ledger:
             LedgerError: ``path`` already exists.
         """
         if created is None:
-            created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            created = _now_iso()
         header = _journal.make_header(population_id, delta, epsilon_budget, method,
                                       neighboring_relation, created)
         header["hash"] = _journal.hash_hex(header)
@@ -378,6 +396,10 @@ class Ledger:
         """Pointer to the last entry (seq -1 and the header's hash when there is none)."""
         return LedgerPointer(self._journal.head_seq, self._journal.head_hash)
 
+    def origin(self) -> LedgerPointer:
+        """Pointer to the header (seq -1): the state before any entry."""
+        return LedgerPointer(-1, self._journal.header_hash)
+
     def verify_pointer(self, pointer: LedgerPointer, *, fork: bool = False,
                        run_id: str | None = None) -> LedgerPointer:
         """Check a checkpoint's pointer against the ledger, refusing rollback.
@@ -399,12 +421,7 @@ class Ledger:
         run_id = optional("run_id", run_id, str)
         with self._lock:
             seq, head = pointer.seq, self._journal.head_seq
-            if not (is_int(seq) and -1 <= seq <= head):
-                raise LedgerMismatchError(f"pointer seq {seq!r} is not in this ledger (head seq "
-                                          f"{head}): the state depends on a missing entry")
-            if not (isinstance(pointer.hash, str) and self._journal.hash_at(seq) == pointer.hash):
-                raise LedgerMismatchError(f"ledger entry {seq} has another hash than the pointer: "
-                                          "another ledger, or a rewritten one")
+            self._check_pointer(pointer)
             if seq < head and not fork:
                 raise LedgerRollbackError(
                     f"pointer seq {seq} is older than the ledger head {head}: loading it would "
@@ -413,6 +430,53 @@ class Ledger:
                 self._journal.check_usable()
                 self._journal.append_fork(seq, pointer.hash, run_id)
             return self.head()
+
+    def entries_since(self, pointer: LedgerPointer) -> list[dict[str, Any]]:
+        """The entries recorded after ``pointer``, oldest first, read back from the journal.
+
+        A resuming trainer uses them to tell a charge whose release never happened (a crash
+        between charging and checkpointing) from spend that a later state depends on. Each
+        entry is checked against the verified hash chain.
+
+        Raises:
+            LedgerMismatchError: the ledger has no entry with the pointer's seq and hash.
+            LedgerError: an in-memory ledger (nothing to read back).
+            LedgerCorruptError: the journal changed on disk since it was verified.
+        """
+        if not isinstance(pointer, LedgerPointer):
+            raise InvalidParameterError("pointer", pointer, "a LedgerPointer")
+        with self._lock:
+            seq, head = pointer.seq, self._journal.head_seq
+            self._check_pointer(pointer)
+            if seq == head:
+                return []
+            if self.path is None:
+                raise LedgerError("an in-memory ledger keeps no entries to read back")
+            out: list[dict[str, Any]] = []
+            with open(self.path, "rb") as f:
+                f.readline()  # the header
+                for line in f:
+                    e = _journal.parse_line(line)
+                    s = e.get("seq") if e is not None else None
+                    if not (is_int(s) and seq < s <= head):
+                        continue
+                    if e is None or e.get("hash") != self._journal.hash_at(s):
+                        raise LedgerCorruptError(f"{self.path}: entry {s} changed on disk "
+                                                 "since the ledger was opened")
+                    out.append(e)
+            if [e["seq"] for e in out] != list(range(seq + 1, head + 1)):
+                raise LedgerCorruptError(f"{self.path}: entries after seq {seq} are missing "
+                                         "on disk")
+            return out
+
+    def _check_pointer(self, pointer: LedgerPointer) -> None:
+        seq, head = pointer.seq, self._journal.head_seq
+        if not (is_int(seq) and -1 <= seq <= head):
+            raise LedgerMismatchError(f"pointer seq {seq!r} is not in this ledger (head seq "
+                                      f"{head}): the state depends on a missing entry")
+        if not (isinstance(pointer.hash, str) and self._journal.hash_at(seq) == pointer.hash):
+            raise LedgerMismatchError(f"ledger entry {seq} has another hash than the pointer: "
+                                      "another ledger, or a rewritten one")
 
     # ----------------------------------------------------------- reports
     @property

@@ -206,7 +206,7 @@ def moments_delta(rho: Any, epsilon: Any) -> np.ndarray | float:
     if np.isnan(e).any() or (e < 0).any():
         raise InvalidParameterError("epsilon", epsilon, ">= 0 in every entry")
     r, e = np.broadcast_arrays(r, e)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         out = np.where(e >= r, np.exp(-((e - r) ** 2) / (4 * r)), 1.0)
     out = np.where(r == 0, 0.0, out)
     out = np.where(np.isinf(r) & np.isfinite(e), 1.0, out)

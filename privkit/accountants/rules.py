@@ -175,7 +175,10 @@ def gaussian_rho(event: dp_event.DpEvent) -> float | None:
 
 @gaussian_rho.register
 def _(event: dp_event.GaussianDpEvent) -> float | None:
-    return 1.0 / (2.0 * float(event.noise_multiplier) ** 2)
+    # 0.5 / z / z, not 1 / (2 z^2): z^2 underflows to 0 for z < ~1e-154 (a ZeroDivisionError);
+    # this way rho overflows to inf (epsilon inf, an upper bound) instead.
+    z = float(event.noise_multiplier)
+    return 0.5 / z / z
 
 
 @gaussian_rho.register
@@ -233,6 +236,11 @@ def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray, relation: Any) -> np.
     absl_logger.setLevel(logging.ERROR)
     try:
         acc.compose(event)
+    except (OverflowError, ValueError, FloatingPointError, ZeroDivisionError) as exc:
+        # dp-accounting's series overflow at extreme noise multipliers (e.g. 1e300)
+        raise UnsupportedEventError(
+            f"rdp cannot price this {type(event).__name__} ({type(exc).__name__}: {exc}); "
+            "its parameters are too extreme") from None
     finally:
         absl_logger.setLevel(level)
     return np.asarray(acc.rdp, dtype=np.float64)
@@ -240,7 +248,8 @@ def rdp_curve(event: dp_event.DpEvent, orders: np.ndarray, relation: Any) -> np.
 
 @rdp_curve.register
 def _(event: dp_event.GaussianDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
-    return np.asarray(orders, dtype=np.float64) / (2.0 * float(event.noise_multiplier) ** 2)
+    z = float(event.noise_multiplier)
+    return np.asarray(orders, dtype=np.float64) * (0.5 / z / z)  # inf, not 0-division, if z ~ 0
 
 
 def randomized_response_rdp(epsilon: float, orders: np.ndarray) -> np.ndarray:

@@ -27,9 +27,18 @@ Communication: DP-REC uplink is ``128 + M * bits`` per message; downlink is the 
 shorter (plus one flag bit; a first-time client also gets a 128-bit initialisation seed);
 clients replay the server's deterministic FedAvg step. DP-FedAvg sends ``32 d`` bits each way.
 
+Checkpoints (``checkpoint_every``): ``OUT/checkpoints/<alg>/`` holds the model, the server
+state (seen seeds, downlink bookkeeping), bit counters, history and the ledger pointer; every
+random stream of a round comes from the seed tree by round, so no generator state is needed.
+``resume=True`` reopens the ledgers and continues from the latest checkpoint; charges of rounds
+that were charged but not checkpointed (a crash after the write-ahead charge) are recognised
+and adopted, never made twice, so the finished run equals an uninterrupted one bitwise except
+for the wall-clock fields ``wall_time_s`` and ``client_compute_s``. An older checkpoint or an
+older ledger than the other is refused (:meth:`_Run.adopt`).
+
 Run it as ``privkit train dprec --dataset digits --clients 100 --clients-per-round 10
 --bits 8 --groups per-layer --l2-clip 0.5 --stddev 1.0 --rounds 200 --compare dpfedavg
---out DIR``.
+--out DIR`` (add ``--checkpoint-every N``, and ``--resume`` after a crash).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fl_examples.core import checkpoint
 from fl_examples.core.data import FederatedDataset, Split, digits, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
 from fl_examples.core.local import local_sgd
@@ -60,13 +70,19 @@ from fl_examples.core.rounds import (
 )
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
+from privkit._journal import canonical_json
 from privkit.accountants import rdp, rules
 from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent, rec_run_event
 from privkit.accountants.rules import NeighboringRelation
-from privkit.errors import InvalidParameterError
-from privkit.events import GaussianDpEvent, SampledWithoutReplacementDpEvent, SelfComposedDpEvent
-from privkit.ledger import Ledger
-from privkit.mechanisms import rec
+from privkit.errors import InvalidParameterError, LedgerRollbackError
+from privkit.events import (
+    GaussianDpEvent,
+    SampledWithoutReplacementDpEvent,
+    SelfComposedDpEvent,
+    event_to_dict,
+)
+from privkit.ledger import Ledger, LedgerPointer
+from privkit.mechanisms import rec, sampling
 
 __all__ = ["ALGORITHMS", "DPRecConfig", "train", "run_algorithm", "calibrate_dpfedavg",
            "dprec_central_epsilon", "dpfedavg_central_epsilon", "final_table"]
@@ -101,6 +117,8 @@ class DPRecConfig:
         history_compression: send returning clients the message history when shorter.
         seed: root of the seed tree; device: auto, cpu, cuda; eval_every: rounds between
             evaluations.
+        checkpoint_every: with an output directory, checkpoint every N rounds (and at the
+            end) into ``OUT/checkpoints/<algorithm>/``; 0: never.
     """
 
     dataset: str = "digits"
@@ -124,6 +142,7 @@ class DPRecConfig:
     seed: int = 0
     device: str = "auto"
     eval_every: int = 5
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         _validate.positive_int("clients", self.clients)
@@ -155,6 +174,7 @@ class DPRecConfig:
             _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
         _validate.nonnegative_int("seed", self.seed)
         _validate.positive_int("eval_every", self.eval_every)
+        _validate.nonnegative_int("checkpoint_every", self.checkpoint_every)
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
@@ -260,6 +280,8 @@ class _Run:
         self.round_bits: list[int] = []  # message bits of each completed round (history)
         self.epsilon = 0.0
         self.stopped: str | None = None
+        # round -> clients whose charge for it is already in the ledger (adopted on resume)
+        self.precharged: dict[int, set[str]] = {}
         self.num_groups = len(rec._group_index(  # noqa: SLF001
             rec._check_grouping(cfg.groups), None,  # noqa: SLF001
             [math.prod(s) for s in self.shapes.values()]))
@@ -269,6 +291,15 @@ class _Run:
         if self.algorithm == "dprec":
             return self.tree.numpy(t, "rec-draws").integers(0, self.n, size=k)
         return sample_clients(self.tree, t, self.n, min(k, self.n) / self.n)
+
+    def charges(self, t: int) -> list[tuple[int, list[str]]]:
+        """(count, client ids) of each ledger batch round ``t`` charges, in order: a client
+        drawn c times in the round (with replacement) is charged c uses at once."""
+        counts: dict[int, int] = {}
+        for c in self.draws(t).tolist():
+            counts[int(c)] = counts.get(int(c), 0) + 1
+        return [(cnt, [str(c) for c, n in counts.items() if n == cnt])
+                for cnt in sorted(set(counts.values()))]
 
     def central_after(self, t: int) -> float:
         if self.algorithm == "dprec":
@@ -284,7 +315,8 @@ class _Run:
         return GaussianDpEvent(self.z)
 
     def step(self) -> bool:
-        """One round; False (nothing spent) when the budget would be exceeded."""
+        """One round; False (nothing charged, encoded or drawn) when the central epsilon after
+        it would exceed the budget."""
         cfg, t = self.cfg, self.round + 1
         eps_next = self.central_after(t)
         if cfg.epsilon_budget is not None and eps_next > cfg.epsilon_budget:
@@ -293,15 +325,16 @@ class _Run:
             return False
         start = time.perf_counter()
         sel = self.draws(t)
-        counts: dict[int, int] = {}
-        for c in sel.tolist():
-            counts[int(c)] = counts.get(int(c), 0) + 1
         # Write-ahead: every participating client is charged before anything is released.
-        for cnt in sorted(set(counts.values())):
-            ids = [str(c) for c, n in counts.items() if n == cnt]
-            self.ledger.spend(ids, self.local_event(), count=cnt, label="client message",
-                              round=t, run_id=self.algorithm)
-        self._downlink(t, sorted(counts))
+        # Charges a crashed run already wrote for this very round are not made twice (the
+        # round replays the same draws, seeds and noise: see adopt).
+        done = self.precharged.pop(t, set())
+        for cnt, ids in self.charges(t):
+            todo = [c for c in ids if c not in done]
+            if todo:
+                self.ledger.spend(todo, self.local_event(), count=cnt, label="client message",
+                                  round=t, run_id=self.algorithm)
+        self._downlink(t, sorted({int(c) for c in sel.tolist()}))
         idx = torch.as_tensor(sel, device=self.device)
         data = select(self.train, idx)
         t0 = time.perf_counter()
@@ -321,6 +354,15 @@ class _Run:
         self.wall += time.perf_counter() - start
         return True
 
+    def receive(self, msg: rec.RecMessage) -> dict[str, Any]:
+        """Server side of one message: refuse a seed seen before (shared candidates would
+        correlate messages), then decode. The seen seeds are part of the checkpoint."""
+        if msg.seed in self.seen_seeds:
+            raise InvalidParameterError("message.seed", msg.seed.hex(),
+                                        "a seed never seen before (message refused)")
+        self.seen_seeds.add(msg.seed)
+        return rec.decode(msg, self.shapes, device=self.device)
+
     def _dprec_aggregate(self, t: int, updates: list[dict[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
         seed_rng = self.tree.numpy(t, "rec-seeds")
@@ -332,12 +374,7 @@ class _Run:
             seed = seed_rng.bytes(rec.SEED_BYTES)
             msg = rec.encode(u, l2_clip_norm=cfg.l2_clip, stddev=cfg.stddev, bits=cfg.bits,
                              groups=cfg.groups, seed=seed, rng=select_rng)
-            # Server: refuse a repeated seed (shared candidates would correlate messages).
-            if msg.seed in self.seen_seeds:
-                raise RuntimeError("duplicate REC seed: message refused")
-            self.seen_seeds.add(msg.seed)
-            wire = rec.RecMessage.from_bytes(msg.to_bytes())
-            dec = rec.decode(wire, self.shapes, device=self.device)
+            dec = self.receive(rec.RecMessage.from_bytes(msg.to_bytes()))
             for k in total:
                 total[k] += dec[k]
             bits += msg.size_bits()
@@ -357,13 +394,10 @@ class _Run:
             cu = clip_l2(u, cfg.l2_clip)
             for k in total:
                 total[k] += cu[k]
-        g = self.tree.torch(t, "noise", self.device)
         sd = 2.0 * cfg.l2_clip * self.z  # replace-one sensitivity of the sum: 2C
-        for k in total:
-            total[k] += sd * torch.randn(total[k].shape, generator=g, dtype=torch.float64,
-                                         device=self.device)
+        noise = sampling.gaussian_noise(total, sd, rng=self.tree.torch(t, "noise", self.device))
         self.up += FLOAT_BITS * self.d * len(updates)
-        return {k: v / len(updates) for k, v in total.items()}
+        return {k: (v + noise[k]) / len(updates) for k, v in total.items()}
 
     def _downlink(self, t: int, clients: list[int]) -> None:
         full = FLOAT_BITS * self.d
@@ -389,32 +423,157 @@ class _Run:
         self.history.append(row)
         return row
 
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Checkpoint the round: model, server state (seen seeds, downlink bookkeeping), bit
+        counters, history and the ledger pointer. Every random stream is derived from the
+        seed tree by round, so no generator state is needed."""
+        tensors = {f"w.{k}": v for k, v in self.w.items()}
+        seeds = b"".join(sorted(self.seen_seeds))
+        tensors["seen_seeds"] = torch.frombuffer(bytearray(seeds), dtype=torch.uint8).reshape(
+            len(self.seen_seeds), rec.SEED_BYTES) if seeds else torch.zeros(
+            (0, rec.SEED_BYTES), dtype=torch.uint8)
+        checkpoint.save(directory, self.round, tensors, {
+            "algorithm": self.algorithm, "config": dataclasses.asdict(self.cfg),
+            "dpfedavg_noise": self.z, "history": self.history, "epsilon_central": self.epsilon,
+            "uplink_bits": self.up, "downlink_bits": self.down,
+            "uplink_bits_without_seeds": self.up_no_seed, "round_bits": self.round_bits,
+            "last_seen": {str(c): r for c, r in sorted(self.last_seen.items())},
+            "wall_time_s": self.wall, "client_compute_s": self.compute,
+            "ledger_pointer": self.ledger.head().to_dict(),
+        })
 
-def _open_ledger(algorithm: str, cfg: DPRecConfig, out: Path | None) -> Ledger:
+    def restore(self, directory: Path) -> None:
+        """Load the latest checkpoint and check the ledger against it (:meth:`adopt`).
+
+        Raises:
+            CheckpointError: another algorithm, configuration or DP-FedAvg noise.
+            LedgerMismatchError: the ledger lacks the checkpoint's entry (an older ledger).
+            LedgerRollbackError: the checkpoint is older than the ledger's spend.
+        """
+        tensors, state = checkpoint.load_latest(directory, self.device)
+        if state.get("algorithm") != self.algorithm:
+            raise checkpoint.CheckpointError(
+                f"{directory}: checkpoint is for {state.get('algorithm')!r}, "
+                f"not {self.algorithm!r}")
+        if state.get("config") != dataclasses.asdict(self.cfg) \
+                or state.get("dpfedavg_noise") != self.z:
+            raise checkpoint.CheckpointError(
+                f"{directory}: checkpoint was made with another configuration; resume with "
+                "the same settings or start a new --out")
+        self.w = {k: tensors[f"w.{k}"] for k in self.shapes}
+        self.seen_seeds = {bytes(row) for row in tensors["seen_seeds"].cpu().numpy()}
+        self.round = int(state["round"])
+        self.history = list(state["history"])
+        self.epsilon = float(state["epsilon_central"])
+        self.up, self.down = int(state["uplink_bits"]), int(state["downlink_bits"])
+        self.up_no_seed = int(state["uplink_bits_without_seeds"])
+        self.round_bits = [int(b) for b in state["round_bits"]]
+        self.last_seen = {int(c): int(r) for c, r in state["last_seen"].items()}
+        self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
+        self.adopt(LedgerPointer.from_dict(state["ledger_pointer"]))
+
+    def adopt(self, pointer: LedgerPointer) -> None:
+        """Check the ledger against the state at ``pointer``; never lose or redo spend.
+
+        Charges are written before a round releases anything, and checkpoints come every
+        ``checkpoint_every`` rounds, so a crash can leave charges of up to that many rounds
+        after the checkpoint's pointer (a round charged but not checkpointed). They must be
+        exactly the charges those rounds make (same clients, counts, event, round and run,
+        in order; a round may be cut between batches): they are adopted, the rounds replay
+        with the same draws, seeds, selection and noise (all from the seed tree by round), and
+        their charges are not made twice, so the resumed run ends bitwise equal to an
+        uninterrupted one. Anything else (charges of a later round, i.e. a newer checkpoint
+        existed, or another run's entries) is a rollback and is refused.
+
+        Raises:
+            LedgerMismatchError: the ledger has no entry with the pointer's seq and hash (an
+                older ledger than the checkpoint, or another one).
+            LedgerRollbackError: spend recorded after the pointer that this state cannot
+                account for.
+        """
+        pending = self.ledger.entries_since(pointer)
+        window = self.round + max(self.cfg.checkpoint_every, 1)
+        event = canonical_json(event_to_dict(self.local_event()))
+        adopted: dict[int, set[str]] = {}
+        t, i = self.round, 0
+        while i < len(pending):
+            t += 1
+            expected = [(cid, cnt) for cnt, ids in self.charges(t) for cid in ids]
+            for cid, cnt in expected[:len(pending) - i]:
+                e = pending[i]
+                same = (t <= window and e.get("kind") == "spend" and e.get("client_id") == cid
+                        and e.get("count") == cnt and e.get("round") == t
+                        and e.get("run_id") == self.algorithm
+                        and canonical_json(e.get("event")) == event)
+                if not same:
+                    raise LedgerRollbackError(
+                        f"{self.algorithm}: the checkpoint at round {self.round} (ledger seq "
+                        f"{pointer.seq}) is older than the ledger (head seq "
+                        f"{self.ledger.head().seq}): entry {e.get('seq')} is spend that a "
+                        "later state depends on, not a charged but unfinished round of this "
+                        "run; resume from the latest checkpoint and ledger (spend is never "
+                        "rolled back)")
+                adopted.setdefault(t, set()).add(cid)
+                i += 1
+        self.precharged = adopted
+
+
+def _open_ledger(algorithm: str, cfg: DPRecConfig, out: Path | None,
+                 resume: bool = False) -> Ledger:
+    """The run's ledger: ``OUT/ledger-<algorithm>.jsonl``, reopened (never reset) on resume."""
     population = f"{cfg.dataset}|clients={cfg.clients}|seed={cfg.seed}|{algorithm}"
     if out is None:
         return Ledger.create(None, population_id=population, delta=cfg.delta,
                              neighboring_relation=REPLACE_ONE)
     path = out / f"ledger-{algorithm}.jsonl"
     if path.exists():
-        raise InvalidParameterError("out", str(out), f"a directory without {path.name} "
-                                    "(the ledger never resets: use a new --out)")
+        if not resume:
+            raise InvalidParameterError("out", str(out), f"a directory without {path.name} "
+                                        "(the ledger never resets: use a new --out, or "
+                                        "--resume)")
+        led = Ledger.open(path)
+        if led.population_id != population or led.delta != cfg.delta:
+            raise InvalidParameterError(
+                "out", str(out), f"a directory whose {path.name} belongs to this run (it "
+                f"holds population {led.population_id!r}); use a new --out")
+        return led
     out.mkdir(parents=True, exist_ok=True)
     return Ledger.create(path, population_id=population, delta=cfg.delta,
                          neighboring_relation=REPLACE_ONE)
 
 
 def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
-                  z: float | None = None, out: Path | None = None) -> dict[str, Any]:
-    """Run one algorithm; returns history, communication and privacy sections."""
+                  z: float | None = None, out: Path | None = None, resume: bool = False,
+                  stop_after: int | None = None) -> dict[str, Any]:
+    """Run one algorithm; returns history, communication and privacy sections (and
+    ``_model``, the final parameters, which the report leaves out).
+
+    With ``out`` and ``cfg.checkpoint_every``, checkpoints go to
+    ``out/checkpoints/<algorithm>/`` every that many rounds and at the end; ``resume=True``
+    continues from the latest one (the ledger is reopened, never reset). ``stop_after`` ends
+    the run after that many rounds (to test resuming).
+    """
     if algorithm not in ALGORITHMS:
         raise InvalidParameterError("algorithm", algorithm, "dprec or dpfedavg")
     if algorithm == "dpfedavg" and z is None:
         raise InvalidParameterError("dpfedavg_noise", None, "given or calibrated")
-    ledger = _open_ledger(algorithm, cfg, out)
+    ledger = _open_ledger(algorithm, cfg, out, resume)
     run = _Run(algorithm, cfg, ds, ledger, z)
-    run.evaluate()
-    bar = progress(cfg.rounds, desc=algorithm)
+    ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
+    if resume and ckpt_dir is not None and checkpoint.latest_round(ckpt_dir) is not None:
+        run.restore(ckpt_dir)
+    elif resume and ledger.head().seq >= 0:
+        # No checkpoint yet: a crash during the first rounds may have left their charges.
+        try:
+            run.adopt(ledger.origin())
+        except LedgerRollbackError:
+            pass  # an earlier run's spend: kept, and this run charges on top of it
+    if not run.history:
+        run.evaluate()
+    saved = checkpoint.latest_round(ckpt_dir) if ckpt_dir is not None else None
+    interrupted = False
+    bar = progress(cfg.rounds - run.round, desc=algorithm)
     try:
         while run.round < cfg.rounds:
             if not run.step():
@@ -425,6 +584,16 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
             if run.round % cfg.eval_every == 0 or run.round == cfg.rounds:
                 row = run.evaluate()
                 bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{row['epsilon']:.2f}")
+            if ckpt_dir is not None and cfg.checkpoint_every \
+                    and run.round % cfg.checkpoint_every == 0:
+                run.save(ckpt_dir)
+                saved = run.round
+            if stop_after is not None and run.round >= stop_after:
+                interrupted = True
+                break
+        if ckpt_dir is not None and cfg.checkpoint_every and saved != run.round \
+                and not interrupted:
+            run.save(ckpt_dir)  # the end of the run, or its budget stop
     finally:
         bar.close()
     eps_local = ledger.epsilons([str(i) for i in range(run.n)])
@@ -447,8 +616,9 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
                     "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
                              "(Wang-Balle-Kasiviswanathan Thm 9)"}
     else:
+        assert z is not None
         privacy |= {"mechanism": "gaussian_sum", "noise_multiplier": z,
-                    "noise_stddev": 2 * cfg.l2_clip * float(z) / cfg.clients_per_round}
+                    "noise_stddev": 2 * cfg.l2_clip * z / cfg.clients_per_round}
     if run.stopped:
         privacy["stopped"] = run.stopped
     comm = {"uplink_bits": run.up, "downlink_bits": run.down,
@@ -458,18 +628,27 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
         comm |= {"uplink_bits_without_seeds": run.up_no_seed,
                  "bits_per_message": (8 * rec.SEED_BYTES + run.num_groups * cfg.bits),
                  "history_compression": cfg.history_compression}
-    return {"history": run.history, "privacy": privacy, "communication": comm}
+    return {"history": run.history, "privacy": privacy, "communication": comm,
+            "_model": {k: v.detach().cpu() for k, v in run.w.items()}}
 
 
 def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
-          out: str | Path | None = None) -> dict[str, Any]:
-    """Run DP-REC and the ``compare`` baselines (DP-FedAvg at DP-REC's epsilon); write a report."""
+          out: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run DP-REC and the ``compare`` baselines (DP-FedAvg at DP-REC's epsilon); write a report.
+
+    ``resume=True`` continues each algorithm from its latest checkpoint in ``out`` (see
+    :func:`run_algorithm`); the finished report equals that of an uninterrupted run except
+    for the wall-clock fields ``wall_time_s`` and ``client_compute_s``.
+    """
     for name in compare:
         if name not in ALGORITHMS:
             raise InvalidParameterError("compare", name, "dpfedavg")
+    if resume and out is None:
+        raise InvalidParameterError("resume", True, "used with an output directory")
     ds = load_dataset(cfg)
     out_path = Path(out) if out is not None else None
-    results: dict[str, Any] = {"dprec": run_algorithm("dprec", cfg, ds, out=out_path)}
+    results: dict[str, Any] = {"dprec": run_algorithm("dprec", cfg, ds, out=out_path,
+                                                      resume=resume)}
     calibration: dict[str, Any] = {}
     if "dpfedavg" in compare:
         if cfg.dpfedavg_noise is not None:
@@ -481,14 +660,16 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
             calibration = {"target_epsilon": eps_target, "noise_multiplier": z,
                            "planned_epsilon": dpfedavg_central_epsilon(z, cfg, ds.num_clients,
                                                                        cfg.rounds)}
-        results["dpfedavg"] = run_algorithm("dpfedavg", cfg, ds, z=z, out=out_path)
+        results["dpfedavg"] = run_algorithm("dpfedavg", cfg, ds, z=z, out=out_path,
+                                            resume=resume)
         if calibration:
             results["dpfedavg"]["privacy"]["calibrated"] = calibration
     config = dataclasses.asdict(cfg) | {"compare": list(compare),
                                         "dataset_description": ds.description,
                                         "num_clients": ds.num_clients}
     if out_path is not None:
-        write_report(out_path, config, results)
+        write_report(out_path, config, {n: {k: v for k, v in r.items() if k != "_model"}
+                                        for n, r in results.items()})
         _plot_vs_epsilon(out_path, results)
     return {"config": config, "algorithms": results}
 

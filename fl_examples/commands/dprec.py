@@ -45,13 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--seed", type=float, default=0)
     p.add_argument("--eval-every", type=float, default=5)
+    p.add_argument("--checkpoint-every", type=float, default=0,
+                   help="checkpoint every N rounds (and at the end) into OUT/checkpoints "
+                        "(0: never)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from OUT's checkpoints and ledgers (same settings)")
+    p.add_argument("--threads", type=float, default=1,
+                   help="CPU threads for torch (default 1: the encoder's chunks and the "
+                        "local models are small, and more threads spin on a busy machine)")
     p.add_argument("--out", required=True, help="output directory (report.json, plots, ledgers)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from fl_examples.dprec import DPRecConfig, final_table, train
 
+    threads = positive_int("threads", args.threads)
     cfg = DPRecConfig(
         dataset=args.dataset, clients=positive_int("clients", args.clients),
         digits_classes=nonnegative_int("digits_classes", args.digits_classes),
@@ -66,9 +77,15 @@ def run(args: argparse.Namespace) -> int:
         history_compression=not args.no_history_compression, device=args.device,
         seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
+        checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
     compare = tuple(c for c in args.compare.split(",") if c)
-    res = train(cfg, compare=compare, out=args.out)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        res = train(cfg, compare=compare, out=args.out, resume=args.resume)
+    finally:
+        torch.set_num_threads(before)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],
                               "privacy": {k: v for k, v in r["privacy"].items()

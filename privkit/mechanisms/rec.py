@@ -27,9 +27,10 @@ Public API (small and stable): :func:`encode`, :func:`decode`, :class:`RecMessag
   ``per-layer``), ``per-parameter`` (one per coordinate), ``chunks:N`` (consecutive runs of N),
   or ``explicit`` (index sets given to both :func:`encode` and :func:`decode`).
 
-The integer words are computed with 64-bit integer arithmetic in torch (wrapping products
-split into 32-bit halves for the high word), identically on every device; a message therefore
-decodes to the same integers everywhere. The float64 ``log``, ``cos`` and ``sin`` of another
+The integer words are computed with 64-bit integer arithmetic in torch (wrapping products;
+the high word of each 64 x 64-bit product from signed 32-bit limbs whose partial sums fit in
+int64 exactly), identically on every device; a message therefore decodes to the same
+integers everywhere. The float64 ``log``, ``cos`` and ``sin`` of another
 math library (CPU libm vs CUDA) may differ in the last ulp, which is harmless post-processing;
 on one device, decoding reproduces the encoder's candidate bit for bit. Tails are cut at about
 8.6 sigma. Decoding any index costs O(d_g) (each candidate has its own counter range).
@@ -37,9 +38,13 @@ on one device, decoding reproduces the encoder's candidate bit for bit. Tails ar
 **Encoding** streams candidates in chunks: for each chunk it computes the logits
 ``l_k = <xi_k, u_g> / stddev`` (log q/p up to a constant; nothing is exponentiated) and keeps a
 running Gumbel-max ``argmax_k (l_k + G_k)``, an exact sample of ``softmax(l)``. Memory is
-O(chunk) whatever K is. The Gumbel noise comes from the client's private selection generator
-``rng``, never from the seed (otherwise ``k*`` would be a function of ``(u, R)``, which the
-server knows).
+O(chunk) whatever K is. A chunk is a grid (groups x candidates x blocks) whose counter words
+broadcast, so Philox's first rounds run on the few distinct values; its normals are the very
+values :func:`decode` produces (the same elementwise float64 operations), and the logits are
+batched matrix-vector products of the 4 normals of each block with the matching strided
+coordinates of the update, without assembling the candidates. The Gumbel noise comes from
+the client's private selection generator ``rng``, never from the seed (otherwise ``k*``
+would be a function of ``(u, R)``, which the server knows).
 
 **Seeds.** By default both the seed and the selection randomness come from the OS CSPRNG
 (:class:`privkit.SecureRandom`). ``seed=`` is for tests and fast simulation: it needs an
@@ -55,7 +60,7 @@ sequence given the histogram), used only when shorter. Under REC each ``k*`` is 
 uniform on ``{0, ..., K - 1}`` (the candidates are exchangeable), so entropy coding saves
 little in expectation.
 
-Example:
+Examples:
     >>> import numpy as np, torch
     >>> u = {"w": torch.tensor([[0.3, -0.2], [0.1, 0.0]]), "b": torch.tensor([0.05])}
     >>> msg = encode(u, l2_clip_norm=0.5, stddev=1.0, bits=8, groups="per-tensor",
@@ -113,9 +118,14 @@ _MASK64 = (1 << 64) - 1
 _PHILOX_M = (0xD2E7470EE14C6C93, 0xCA5A826395121157)
 _PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
 _TWO_PI = 2.0 * math.pi
-#: Candidate-coordinates generated per chunk while encoding (bounds scratch memory).
-CHUNK_ELEMENTS = 1 << 20
+#: Candidate-coordinates generated per chunk while encoding, per torch thread (bounds scratch
+#: memory: about 100 bytes each; 2**18 keeps a chunk's int64 words in a core's L2 cache).
+CHUNK_ELEMENTS = 1 << 18
 _GROUPINGS = ("whole", "per-tensor", "per-parameter")
+#: decode computes groups of different sizes in one pass (padded to the widest) when there
+#: are at most this many and the padding at most doubles the work or stays below
+#: _SMALL_DECODE blocks (per-call overhead dominates such small passes).
+_FEW_GROUPS, _SMALL_DECODE = 64, 1 << 14
 _MAGIC = b"PKREC1"
 
 
@@ -132,51 +142,183 @@ def _signed(x: int) -> int:
 
 
 # ------------------------------------------------------------------ the stream
-def _shr(t: Any, n: int) -> Any:
-    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
-    return (t >> n) & ((1 << (64 - n)) - 1)
+def _limbs(a: int) -> tuple[int, int, int]:
+    """``(a_s, A1, A0)``: ``a`` as a signed int64 value and its signed 32-bit limbs,
+    ``a_s = A1 * 2**32 + A0`` with ``-2**31 <= A0 < 2**31``."""
+    a_s = _signed(a)
+    a0 = ((a_s + (1 << 31)) & _MASK32) - (1 << 31)
+    return a_s, (a_s - a0) >> 32, a0
 
 
-def _mulhilo(a: int, b: Any) -> tuple[Any, Any]:
-    """(hi, lo) 64-bit words of the 128-bit product of the constant ``a`` and tensor ``b``.
+_LIMBS = {m: _limbs(m) for m in _PHILOX_M}
 
-    int64 products wrap modulo 2**64 (two's complement), so ``lo`` is one product; ``hi``
-    is assembled from the four 32 x 32-bit partial products, each exact modulo 2**64.
+
+def _check_limbs() -> None:
+    """:func:`_mulhilo`'s int64 intermediates are exact for the Philox multipliers: with
+    ``|B0| < 2**32`` and ``|B1| <= 2**31``, ``|A0 B0| < 2**63`` and the middle sum
+    ``|A1 B0| + |A0 B1| + 2**31 < 2**63`` (both multipliers have |A1| < 2**30)."""
+    for a, (_, a1, a0) in _LIMBS.items():
+        if not (abs(a0) << 32 < 1 << 63
+                and (abs(a1) << 32) + (abs(a0) << 31) + (1 << 31) < 1 << 63):
+            raise RuntimeError(f"Philox multiplier {a:#x}: limbs overflow int64")
+
+
+_check_limbs()
+
+
+class _Pool:
+    """Free int64 scratch tensors by shape: the Philox rounds reuse them instead of allocating."""
+
+    def __init__(self) -> None:
+        self._free: dict[Any, list[Any]] = {}
+
+    def take(self, like: Any) -> Any:
+        """A scratch tensor shaped like ``like`` (contents undefined)."""
+        free = self._free.get((like.shape, like.device))
+        return free.pop() if free else _torch().empty(like.shape, dtype=like.dtype,
+                                                      device=like.device)
+
+    def give(self, t: Any) -> None:
+        self._free.setdefault((t.shape, t.device), []).append(t)
+
+
+def _mulhilo(a: int, b: Any, pool: _Pool | None = None, own: bool = False) -> tuple[Any, Any]:
+    """(hi, lo) 64-bit words of the 128-bit product of the Philox multiplier ``a`` and ``b``.
+
+    ``b`` is an int64 tensor of uint64 bit patterns or a Python int; words come back in the
+    same form. ``lo`` is one wrapping int64 product. For ``hi``, with the signed limbs
+    ``a_s = A1 2**32 + A0`` (:func:`_limbs`) and ``b_s = B1 2**32 + B0`` (``B1 = b >> 32``
+    arithmetic, ``B0 = b & (2**32 - 1)``), every partial product and the middle sum fit in
+    int64 exactly (:func:`_check_limbs`), so
+    ``floor(a_s b_s / 2**64) = A1 B1 + ((A1 B0 + A0 B1 + ((A0 B0) >> 32)) >> 32)``, and the
+    unsigned high word is that plus ``b_s`` (as ``a_s < 0``) plus ``a_s`` where ``b_s < 0``,
+    modulo 2**64: 16 elementwise operations. Scratch comes from ``pool``; with ``own`` the
+    caller gives up ``b``, which becomes ``lo`` in place.
     """
-    lo = b * _signed(a)
-    a0, a1 = a & _MASK32, a >> 32
-    b0, b1 = b & _MASK32, _shr(b, 32)
-    p00, p01, p10, p11 = b0 * a0, b1 * a0, b0 * a1, b1 * a1
-    mid = _shr(p00, 32) + (p01 & _MASK32) + (p10 & _MASK32)
-    hi = p11 + _shr(p01, 32) + _shr(p10, 32) + (mid >> 32)
-    return hi, lo
+    if isinstance(b, int):
+        p = a * (b & _MASK64)
+        return _signed(p >> 64), _signed(p)
+    torch = _torch()
+    pool = pool or _Pool()
+    a_s, a1, a0 = _LIMBS[a]
+    b0, b1, p = pool.take(b), pool.take(b), pool.take(b)
+    torch.bitwise_and(b, _MASK32, out=b0)
+    torch.bitwise_right_shift(b, 32, out=b1)
+    torch.mul(b0, a0, out=p)
+    p >>= 32
+    b0 *= a1
+    b0 += p
+    torch.mul(b1, a0, out=p)
+    b0 += p
+    b0 >>= 32
+    b1 *= a1
+    b1 += b0  # floor(a_s b_s / 2**64)
+    if a_s < 0:
+        b1 += b
+    torch.bitwise_right_shift(b, 63, out=p)  # all ones where b_s < 0
+    p &= a_s
+    b1 += p
+    pool.give(b0)
+    if own:
+        pool.give(p)
+        return b1, b.mul_(a_s)
+    torch.mul(b, a_s, out=p)
+    return b1, p
+
+
+def _holds(big: Any, small: Any) -> bool:
+    """Whether a tensor of shape ``big`` can hold ``op(big, small)`` in place (broadcasting)."""
+    return len(small) <= len(big) and all(
+        b == a or b == 1 for a, b in zip(reversed(big), reversed(small)))
+
+
+def _xor3(h: Any, c: Any, k: int, pool: _Pool, own: bool) -> Any:
+    """``h ^ c ^ k``; ``h`` (a fresh :func:`_mulhilo` word) holds the result in place when
+    it can. ``c`` is not modified; with ``own`` it goes back to ``pool`` afterwards."""
+    ks = _signed(k)
+    if isinstance(c, int):
+        if isinstance(h, int):
+            return _signed(h ^ c ^ ks)
+        h ^= _signed(c ^ ks)
+        return h
+    if isinstance(h, int):
+        return c ^ _signed(h ^ ks)
+    if _holds(h.shape, c.shape):
+        h ^= c
+    else:
+        h = h ^ c
+    if own:
+        pool.give(c)
+    h ^= ks
+    return h
 
 
 def philox4x64_10(counter: Sequence[Any], key: tuple[int, int]) -> list[Any]:
-    """Philox4x64-10 of int64 counter tensors ``(c0, c1, c2, c3)`` under a 128-bit key.
+    """Philox4x64-10 of counters ``(c0, c1, c2, c3)`` under a 128-bit key.
 
-    Words are uint64 values held as int64 bit patterns. Matches Random123's KAT:
-    counter 0, key 0 gives 16554d9eca36314c db20fe9d672d0fdc d7e772cee186176b 7e68b68aec7ba23b.
+    Words are uint64 values held as int64 bit patterns: each counter word is an int64 tensor
+    or a Python int, and the tensors broadcast against each other (a word that depends on
+    fewer indices is computed on fewer elements; the caller's tensors are not modified).
+    Returns the 4 output words, tensors of the broadcast shape (Python ints if every input is
+    an int). Matches Random123's KAT: counter 0, key 0 gives 16554d9eca36314c
+    db20fe9d672d0fdc d7e772cee186176b 7e68b68aec7ba23b.
 
-    Example:
+    Examples:
         >>> import torch
         >>> z = torch.zeros(1, dtype=torch.int64)
         >>> [hex(int(w) & (2**64 - 1)) for w in philox4x64_10([z, z, z, z], (0, 0))][0]
         '0x16554d9eca36314c'
     """
-    c0, c1, c2, c3 = counter
+    c0, c1, c2, c3 = (_signed(int(c)) if isinstance(c, (int, np.integer)) else c
+                      for c in counter)
     k0, k1 = key
+    pool = _Pool()
     for r in range(10):
         if r:
             k0, k1 = (k0 + _PHILOX_W[0]) & _MASK64, (k1 + _PHILOX_W[1]) & _MASK64
-        hi0, lo0 = _mulhilo(_PHILOX_M[0], c0)
-        hi1, lo1 = _mulhilo(_PHILOX_M[1], c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ _signed(k0), lo1, hi0 ^ c3 ^ _signed(k1), lo0
+        own = r > 0  # after round 0 every word is this function's own scratch
+        hi0, lo0 = _mulhilo(_PHILOX_M[0], c0, pool, own)
+        hi1, lo1 = _mulhilo(_PHILOX_M[1], c2, pool, own)
+        c0, c1, c2, c3 = _xor3(hi1, c1, k0, pool, own), lo1, _xor3(hi0, c3, k1, pool, own), lo0
     return [c0, c1, c2, c3]
 
 
 def _key(seed: bytes) -> tuple[int, int]:
     return int.from_bytes(seed[:8], "little"), int.from_bytes(seed[8:16], "little")
+
+
+def _uniform53(w: Any) -> Any:
+    """``((w >> 11) + 0.5) * 2**-53`` in float64 (logical shift), in (0, 1); ``w`` (a
+    Philox output word) is overwritten."""
+    torch = _torch()
+    w >>= 11
+    w &= _MASK53
+    return w.to(torch.float64).add_(0.5).mul_(2.0**-53)
+
+
+def _box_muller(w0: Any, w1: Any, *, sine: bool = True) -> tuple[Any, Any]:
+    """Box-Muller of the word pair: ``(r cos t, r sin t)`` with ``r = sqrt(-2 ln x0)``,
+    ``t = 2 pi x1`` (float64; the sine is skipped when ``sine`` is False)."""
+    torch = _torch()
+    r = torch.log(_uniform53(w0)).mul_(-2.0).sqrt_()
+    t = _uniform53(w1).mul_(_TWO_PI)
+    z0 = torch.cos(t).mul_(r)
+    return z0, (t.sin_().mul_(r) if sine else None)
+
+
+def _block_normals(key: tuple[int, int], g: Any, k: Any, blocks: int, used: int) -> list[Any]:
+    """Normals of blocks ``j = 1..blocks`` of candidates ``(g, k)``: 4 float64 tensors of the
+    broadcast shape of ``g``, ``k`` and the blocks (last axis); tensor ``i`` holds normal
+    ``4 (j - 1) + i`` of each candidate. ``used`` (normals needed per candidate) skips the
+    transforms of a one-block candidate's unused words (those entries are None)."""
+    torch = _torch()
+    shape = (1,) * (max(g.dim(), k.dim()) - 1) + (blocks,)
+    j = torch.arange(1, blocks + 1, dtype=torch.int64, device=g.device).view(shape)
+    w = philox4x64_10([j, 0, g, k], key)
+    need = 4 if blocks > 1 else used
+    z0, z1 = _box_muller(w[0], w[1], sine=need >= 2)
+    z2, z3 = _box_muller(w[2], w[3], sine=need >= 4) if need >= 3 else (None, None)
+    return [z0, z1, z2, z3]
 
 
 def candidate_normals(seed: bytes, groups: Any, candidates: Any, dim: int, *,
@@ -187,7 +329,7 @@ def candidate_normals(seed: bytes, groups: Any, candidates: Any, dim: int, *,
     candidate k for each row). Row i is ``xi_{k_i}`` of group ``g_i`` (the message format's
     stream); the candidate is ``stddev`` times it. Cost O(n * dim), whatever the k.
 
-    Example:
+    Examples:
         >>> seed = (0x0123456789abcdef).to_bytes(8, "little") + \\
         ...        (0xfedcba9876543210).to_bytes(8, "little")
         >>> [round(v, 12) for v in candidate_normals(seed, [0], [5], 2)[0].tolist()]
@@ -202,17 +344,8 @@ def candidate_normals(seed: bytes, groups: Any, candidates: Any, dim: int, *,
     d = _validate.positive_int("dim", dim)
     blocks = (d + 3) // 4
     n = g.shape[0]
-    j = torch.arange(1, blocks + 1, dtype=torch.int64, device=dev).expand(n, blocks)
-    zero = torch.zeros((), dtype=torch.int64, device=dev).expand(n, blocks)
-    words = philox4x64_10([j, zero, g[:, None].expand(n, blocks), k[:, None].expand(n, blocks)],
-                          _key(seed))
-    w = torch.stack(words, dim=-1).reshape(n, 4 * blocks)
-    x = (_shr(w, 11) & _MASK53).to(torch.float64).add_(0.5).mul_(2.0**-53)
-    x0, x1 = x[:, 0::2], x[:, 1::2]
-    r = torch.sqrt(-2.0 * torch.log(x0))
-    t = _TWO_PI * x1
-    z = torch.stack([r * torch.cos(t), r * torch.sin(t)], dim=-1).reshape(n, 4 * blocks)
-    return z[:, :d]
+    z = _block_normals(_key(seed), g[:, None], k[:, None], blocks, 4)
+    return torch.stack(z, dim=-1).reshape(n, 4 * blocks)[:, :d]
 
 
 # ------------------------------------------------------------------ layout helpers
@@ -531,7 +664,7 @@ def encode(
     seed: Any = None,
     rng: Any = None,
     neighboring_relation: Any = "REPLACE_ONE",
-    chunk_elements: int = CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     _target_scale: float = 1.0,
 ) -> RecMessage:
     """Clip ``update`` to ``l2_clip_norm`` and encode it with REC: the client side of DP-REC.
@@ -550,7 +683,8 @@ def encode(
         rng: the private selection generator: None or :class:`privkit.SecureRandom`
             (secure mode, the default), a ``numpy.random.Generator`` or a ``torch.Generator``.
         neighboring_relation: the relation the event states (``REPLACE_ONE`` by default).
-        chunk_elements: candidate-coordinates per chunk (memory bound), >= 1.
+        chunk_elements: candidate-coordinates per chunk (memory bound, about 100 bytes
+            each), >= 1; None: :data:`CHUNK_ELEMENTS` times ``torch.get_num_threads()``.
         _target_scale: audit knob: the selection targets ``_target_scale * u`` while the
             event still claims ``u`` (values > 1 build a broken mechanism).
 
@@ -569,7 +703,8 @@ def encode(
             or not MIN_BITS <= bits <= MAX_BITS:
         raise InvalidParameterError("bits", bits, f"an integer in [{MIN_BITS}, {MAX_BITS}]")
     b = int(bits)
-    chunk = _validate.positive_int("chunk_elements", chunk_elements)
+    chunk = (CHUNK_ELEMENTS * max(1, torch.get_num_threads()) if chunk_elements is None
+             else _validate.positive_int("chunk_elements", chunk_elements))
     scale = _validate.positive("_target_scale", _target_scale)
     rel = _relation(neighboring_relation)
     if rng is None:
@@ -630,29 +765,42 @@ def _as_positions(ix: Any) -> np.ndarray:
 
 def _select(seed: bytes, target: Any, index: list[Any], k: int, rng: Any, kind: RngKind,
             chunk: int, device: Any) -> list[int]:
-    """Running Gumbel-max over candidate chunks, batched over groups of equal size."""
+    """Running Gumbel-max over candidate chunks, batched over groups of equal size.
+
+    A chunk is ``ng`` groups x ``kn`` candidates x ``blocks`` Philox blocks (at most
+    ``chunk`` candidate-coordinates, counting the padding of a group's last block). Its
+    normals come as 4 tensors, one per word of a block (:func:`_block_normals`), exactly the
+    values :func:`candidate_normals` (and so :func:`decode`) gives; the logits
+    ``<xi_k, u_g>`` are 4 batched matrix-vector products against the matching strided
+    coordinates of the target (zero-padded), so no candidate is ever assembled.
+    """
     torch = _torch()
+    key = _key(seed)
     chosen = [0] * len(index)
     for size, gids in _buckets(index).items():
+        blocks = (size + 3) // 4
+        width = 4 * blocks
         tg = _gather(target, index, gids, size)  # (G, size)
+        if width != size:
+            tg = torch.nn.functional.pad(tg, (0, width - size))
+        parts = [tg[:, i::4].unsqueeze(-1) for i in range(4)]  # (G, blocks, 1) each
         gid_t = torch.tensor(gids, dtype=torch.int64, device=device)
-        # rows of at most `chunk` candidate-coordinates: (groups per pass) x (candidates)
-        per_pass = max(1, min(len(gids), chunk // size))
+        per_pass = max(1, min(len(gids), chunk // width))
         for a in range(0, len(gids), per_pass):
             rows = gid_t[a:a + per_pass]
-            u = tg[a:a + per_pass]
             ng = rows.shape[0]
-            kc = max(1, min(k, chunk // (size * ng)))
+            u = [p[a:a + ng].contiguous() for p in parts[:min(size, 4)]]
+            kc = max(1, min(k, chunk // (width * ng)))
             best = torch.full((ng,), -math.inf, dtype=torch.float64, device=device)
             arg = torch.zeros(ng, dtype=torch.int64, device=device)
             for k0 in range(0, k, kc):
                 kn = min(kc, k - k0)
-                ks = torch.arange(k0, k0 + kn, dtype=torch.int64, device=device)
-                g_rep = rows[:, None].expand(ng, kn).reshape(-1)
-                k_rep = ks[None, :].expand(ng, kn).reshape(-1)
-                z = candidate_normals(seed, g_rep, k_rep, size, device=device)
-                logits = (z.view(ng, kn, size) * u[:, None, :]).sum(-1)
-                keys = logits + _gumbel(rng, kind, (ng, kn), device)
+                ks = torch.arange(k0, k0 + kn, dtype=torch.int64, device=device).view(1, kn, 1)
+                z = _block_normals(key, rows.view(ng, 1, 1), ks, blocks, size)
+                logits = torch.bmm(z[0], u[0])
+                for zi, ui in zip(z[1:], u[1:]):
+                    logits.baddbmm_(zi, ui)
+                keys = logits.view(ng, kn) + _gumbel(rng, kind, (ng, kn), device)
                 m, j = keys.max(dim=1)
                 better = m > best
                 best = torch.where(better, m, best)
@@ -705,10 +853,25 @@ def decode(message: RecMessage, shapes: Any, *, groups: Any = None, device: Any 
         raise InvalidParameterError("message.indices", max(message.indices), f"in [0, {k})")
     dev = torch.device(device)
     flat = torch.empty(int(sum(sizes)), dtype=torch.float64, device=dev)
-    for size, gids in _buckets(index).items():
-        z = candidate_normals(seed, gids, [message.indices[g] for g in gids], size, device=dev)
-        pos = torch.as_tensor(np.stack([_as_positions(index[g]) for g in gids]), device=dev)
-        flat[pos.reshape(-1)] = (z * message.stddev).reshape(-1)
+    buckets = _buckets(index)
+    widest = max(buckets)
+    blocks = sum(((size + 3) // 4) * len(gids) for size, gids in buckets.items())
+    if len(buckets) > 1 and len(index) <= _FEW_GROUPS \
+            and len(index) * ((widest + 3) // 4) <= max(2 * blocks, _SMALL_DECODE):
+        # few groups: one pass, each group's stream cut to its size (a candidate's normals do
+        # not depend on how many blocks are computed), instead of one pass per size
+        z = candidate_normals(seed, range(len(index)), message.indices, widest, device=dev)
+        for g, ix in enumerate(index):
+            size = ix[1] - ix[0] if isinstance(ix, tuple) else len(ix)
+            pos = slice(*ix) if isinstance(ix, tuple) else torch.as_tensor(ix, device=dev)
+            flat[pos] = z[g, :size] * message.stddev
+    else:
+        for size, gids in buckets.items():
+            z = candidate_normals(seed, gids, [message.indices[g] for g in gids], size,
+                                  device=dev)
+            pos = torch.as_tensor(np.stack([_as_positions(index[g]) for g in gids]),
+                                  device=dev)
+            flat[pos.reshape(-1)] = (z * message.stddev).reshape(-1)
     if dtype is not None:
         flat = flat.to(dtype)
     out, start = [], 0

@@ -3,21 +3,33 @@
 import json
 
 import pytest
+import torch
 
 from fl_examples.dprec import (
     DPRecConfig,
     calibrate_dpfedavg,
     dpfedavg_central_epsilon,
     dprec_central_epsilon,
+    load_dataset,
+    run_algorithm,
     train,
 )
 from privkit.accountants.rec import rec_run_event
 from privkit.accountants.rules import NeighboringRelation
 from privkit.cli import main
 from privkit.errors import InvalidParameterError
+from privkit.mechanisms import rec, sampling
 
 SMALL = dict(clients=20, clients_per_round=4, rounds=3, bits=4, eval_every=1, lr=0.2,
              device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()  # small models: several threads only spin
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def test_cli_end_to_end(tmp_path, capsys):
@@ -61,13 +73,46 @@ def test_central_epsilon_is_the_accountant_value():
     assert dpfedavg_central_epsilon(z, cfg, 20, 3) <= want
 
 
-def test_budget_stop_and_history_compression(tmp_path):
+def _spy(monkeypatch, module, name, log, tag):
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        log.append(tag)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+
+
+@pytest.mark.parametrize("algorithm", ["dprec", "dpfedavg"])
+def test_budget_for_k_rounds_stops_before_round_k_plus_1_draws(algorithm, tmp_path,
+                                                               monkeypatch):
+    """A central budget that allows exactly k = 2 rounds: round 3 charges, encodes and draws
+    nothing (spies on the REC encoder and the Gaussian sampler), and the stop says why."""
+    k, z = 2, 2.0
     cfg = DPRecConfig(**(SMALL | {"rounds": 6}))
-    eps3 = dprec_central_epsilon(cfg, 20, 3)
-    res = train(DPRecConfig(**(SMALL | {"rounds": 6, "epsilon_budget": eps3 * 1.0001})),
-                compare=(), out=tmp_path / "b")
-    p = res["algorithms"]["dprec"]["privacy"]
-    assert p["rounds_run"] == 3 and "stopped before round 4" in p["stopped"]
+    ds = load_dataset(cfg)
+    n = ds.num_clients
+    eps = (dprec_central_epsilon(cfg, n, k) if algorithm == "dprec"
+           else dpfedavg_central_epsilon(z, cfg, n, k))
+    nxt = (dprec_central_epsilon(cfg, n, k + 1) if algorithm == "dprec"
+           else dpfedavg_central_epsilon(z, cfg, n, k + 1))
+    budget = (eps + nxt) / 2
+    log: list[str] = []
+    _spy(monkeypatch, rec, "encode", log, "encode")
+    _spy(monkeypatch, sampling, "gaussian_noise", log, "noise")
+    res = run_algorithm(algorithm, DPRecConfig(**(SMALL | {"rounds": 6,
+                                                           "epsilon_budget": budget})),
+                        ds, z=z if algorithm == "dpfedavg" else None, out=tmp_path)
+    p = res["privacy"]
+    assert p["rounds_run"] == k and p["epsilon_central"] == eps <= budget
+    assert f"stopped before round {k + 1}" in p["stopped"] and "budget" in p["stopped"]
+    want = ["encode"] * (k * 4) if algorithm == "dprec" else ["noise"] * k
+    assert log == want  # nothing encoded or drawn for round k + 1
+    ledger = (tmp_path / f"ledger-{algorithm}.jsonl").read_text().splitlines()[1:]
+    assert max(json.loads(e)["round"] for e in ledger) == k  # nothing charged for it
+
+
+def test_history_compression_saves_downlink():
     full = train(DPRecConfig(**(SMALL | {"history_compression": False})), compare=())
     comp = train(DPRecConfig(**SMALL), compare=())
     assert (comp["algorithms"]["dprec"]["communication"]["downlink_bits"]
@@ -77,13 +122,18 @@ def test_budget_stop_and_history_compression(tmp_path):
 @pytest.mark.parametrize("kwargs, name", [
     ({"bits": 0}, "bits"), ({"bits": 30}, "bits"), ({"groups": "rows"}, "groups"),
     ({"model": "mlp"}, "model"), ({"l2_clip": -1.0}, "l2_clip"), ({"rounds": 0}, "rounds"),
+    ({"checkpoint_every": -1}, "checkpoint_every"),
 ])
 def test_bad_config(kwargs, name):
     with pytest.raises(InvalidParameterError, match=name):
         DPRecConfig(**kwargs)
 
 
-def test_cli_bad_input_exits_2(tmp_path, capsys):
-    rc = main(["train", "dprec", "--bits", "30", "--out", str(tmp_path / "x")])
+@pytest.mark.parametrize("args, name", [(["--bits", "30"], "bits"),
+                                        (["--checkpoint-every", "-1"], "checkpoint_every"),
+                                        (["--threads", "0"], "threads")])
+def test_cli_bad_input_exits_2(args, name, tmp_path, capsys):
+    rc = main(["train", "dprec", *args, "--out", str(tmp_path / "x")])
     assert rc == 2
-    assert "bits" in capsys.readouterr().err
+    assert name in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # nothing written

@@ -12,6 +12,17 @@ from privkit import SecureRandom
 from privkit.errors import InvalidParameterError
 from privkit.mechanisms import rec
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the results do not depend on the thread count; one thread avoids OpenMP spinning on a
+    # busy machine (the encoder's elementwise ops are split across threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 SEED_WORDS = (0x0123456789ABCDEF, 0xFEDCBA9876543210)
 SEED = SEED_WORDS[0].to_bytes(8, "little") + SEED_WORDS[1].to_bytes(8, "little")
 M64 = (1 << 64) - 1
@@ -64,6 +75,71 @@ def test_candidates_do_not_depend_on_batching():
         one = rec.candidate_normals(SEED, [2], [k], 7)
         assert torch.equal(one[0], batch[k])  # bitwise
     assert torch.equal(rec.candidate_normals(SEED, [2], [5], 3)[0], batch[5, :3])
+
+
+EDGE = [0, 1, 2, (1 << 32) - 1, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 63) + 1, M64 - 1, M64,
+        0xD2E7470EE14C6C93, 0xCA5A826395121157, 0x9E3779B97F4A7C15]
+
+
+def _i64(x):
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+@pytest.mark.parametrize("a", [0xD2E7470EE14C6C93, 0xCA5A826395121157])
+def test_mulhilo_is_the_exact_128_bit_product(a):
+    b = EDGE + [int(x) for x in np.random.default_rng(1).integers(0, 2**63, 500,
+                                                                   dtype=np.uint64)] + [
+        int(x) | 1 << 63 for x in np.random.default_rng(2).integers(0, 2**63, 500,
+                                                                   dtype=np.uint64)]
+    t = torch.tensor([_i64(x) for x in b])
+    before = t.clone()
+    hi, lo = rec._mulhilo(a, t)
+    assert torch.equal(t, before)  # the caller's words are not modified
+    want = [a * x for x in b]
+    assert [int(v) & M64 for v in hi] == [w >> 64 for w in want]
+    assert [int(v) & M64 for v in lo] == [w & M64 for w in want]
+    assert rec._mulhilo(a, b[7]) == (_i64(want[7] >> 64), _i64(want[7] & M64))
+
+
+def test_philox_broadcasts_and_leaves_its_inputs_alone():
+    j = torch.arange(1, 6).view(1, 1, 5)
+    g = torch.tensor([0, 3]).view(2, 1, 1)
+    k = torch.tensor([0, 5, 2**40, 2**63 - 1]).view(1, 4, 1)
+    saved = [j.clone(), g.clone(), k.clone()]
+    words = rec.philox4x64_10([j, 0, g, k], SEED_WORDS)
+    full = [x.expand(2, 4, 5).reshape(-1) for x in (j, torch.zeros(1, dtype=torch.int64), g, k)]
+    flat = rec.philox4x64_10(full, SEED_WORDS)
+    for w, f in zip(words, flat):
+        assert w.shape == (2, 4, 5) and torch.equal(w.reshape(-1), f)
+    assert all(torch.equal(a, b) for a, b in zip((j, g, k), saved))
+    assert [int(w[1, 1, 0]) & M64 for w in words] == _philox_reference([1, 0, 3, 5],
+                                                                       SEED_WORDS)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7, 13, 640])
+def test_the_encoders_chunk_normals_are_the_decoders_candidates(size):
+    # the encoder evaluates logits on a (groups x candidates x blocks) grid of 4 tensors;
+    # assembled, they are bit for bit what candidate_normals (hence decode) returns
+    blocks = (size + 3) // 4
+    g = torch.tensor([1, 4]).view(2, 1, 1)
+    ks = torch.arange(3, 40).view(1, -1, 1)
+    z = rec._block_normals(rec._key(SEED), g, ks, blocks, size)
+    assert sum(x is not None for x in z) == min(size, 4)  # unused words are not transformed
+    z = [torch.zeros_like(z[0]) if x is None else x for x in z]
+    grid = torch.stack(z, dim=-1).reshape(2, ks.numel(), 4 * blocks)[:, :, :size]
+    for gi, gv in enumerate((1, 4)):
+        want = rec.candidate_normals(SEED, [gv] * ks.numel(), ks.reshape(-1), size)
+        assert torch.equal(grid[gi], want)
+
+
+def test_selection_does_not_depend_on_the_chunking():
+    # one group: the chunks cut the candidates only, the selection noise is drawn in the
+    # same order, so any chunk size picks the same index
+    u = np.linspace(-0.3, 0.4, 37)
+    got = {rec.encode(u, l2_clip_norm=1.0, stddev=0.8, bits=9, groups="whole", seed=SEED,
+                      rng=np.random.default_rng(4), chunk_elements=c).indices
+           for c in (40, 1000, 1 << 14, 1 << 20)}
+    assert len(got) == 1
 
 
 def _update():

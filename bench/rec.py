@@ -27,17 +27,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from _timing import best_of  # noqa: E402  (bench/ is on sys.path when run)
 
 from privkit.mechanisms import rec
-
-
-def _best(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _best_of_each(fns: list[Callable[[], object]], repeat: int) -> list[float]:
@@ -57,7 +49,7 @@ def bench_decode(dim: int, repeat: int) -> None:
     times = {}
     for k in (0, (1 << 16) - 1):
         m = rec.RecMessage(**{**msg.__dict__, "indices": (k,)})
-        times[k] = _best(functools.partial(rec.decode, m, (dim,)), repeat)
+        times[k] = best_of(functools.partial(rec.decode, m, (dim,)), repeat)
     r = times[(1 << 16) - 1] / times[0]
     print(f"B1 decode, K=2^16, d={dim}: index 0 {times[0] * 1e3:.3f} ms, index K-1 "
           f"{times[(1 << 16) - 1] * 1e3:.3f} ms, ratio {r:.3f}")
@@ -125,8 +117,8 @@ def bench_trainer_message(repeat: int) -> None:
                           seed=next(seeds), rng=rng)
 
     msg = enc()
-    te = _best(enc, repeat)
-    td = _best(lambda: rec.decode(msg, {"w": (64, 10), "b": (10,)}), repeat)
+    te = best_of(enc, repeat)
+    td = best_of(lambda: rec.decode(msg, {"w": (64, 10), "b": (10,)}), repeat)
     print(f"B4 default dprec message (650 parameters, 2 groups, K=2^8), "
           f"{torch.get_num_threads()} thread(s): encode {te * 1e3:.2f} ms "
           f"({650 * 256 / te:.3g} candidate-coordinates/s), decode {td * 1e3:.3f} ms")

@@ -12,20 +12,11 @@ Run: ``python bench/scfl.py`` (``--repeat N``).
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from _timing import best_of  # noqa: E402  (bench/ is on sys.path when run)
 
 from privkit.mechanisms.coded import code_client_data
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:
@@ -50,7 +41,7 @@ def main() -> None:
             def matmul() -> None:
                 g @ xd
 
-            t_enc, t_mm = _best(encode, args.repeat), _best(matmul, args.repeat)
+            t_enc, t_mm = best_of(encode, args.repeat), best_of(matmul, args.repeat)
             work = l_i * d  # rows x features of the client's data coded per call
             print(f"{str((l_i, d, c)):<20} {np.dtype(dtype).name:<8} {work / t_enc:>18.3e} "
                   f"{work / t_mm:>18.3e} {t_mm / t_enc:>6.2f}")

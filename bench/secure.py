@@ -14,10 +14,10 @@ for the Gaussian is <= 8x numpy's ``standard_normal``.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _timing import best_of  # noqa: E402  (bench/ is on sys.path when run)
 
 from privkit.mechanisms.sampling import (
     SecureRandom,
@@ -25,15 +25,6 @@ from privkit.mechanisms.sampling import (
     l2_laplace_noise,
     laplace_noise,
 )
-
-
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def race(plain: Callable[[], object], secure: Callable[[], object], repeat: int

@@ -109,11 +109,7 @@ class OutputPerturbationMod(_PrivacyMod):
             return _error(msg, self.name, "the reply must carry exactly one ArrayRecord")
         name, record = next(iter(records.items()))
         try:
-            trained = keys.from_record(record)
-            if list(trained) != list(sent) or any(trained[k].shape != sent[k].shape
-                                                  for k in sent):
-                raise PrivkitError("the reply's arrays differ in names or shapes from the "
-                                   "global model's")
+            trained = _trained_like(record, sent)
             rng = self.rng(config, context)
             if settings.clip == "update":
                 delta = {k: trained[k] - sent[k] for k in sent}
@@ -201,11 +197,7 @@ class RecMod(_PrivacyMod):
             return _error(msg, self.name, "the reply must carry exactly one ArrayRecord")
         name, record = next(iter(records.items()))
         try:
-            trained = keys.from_record(record)
-            if list(trained) != list(sent) or any(trained[k].shape != sent[k].shape
-                                                  for k in sent):
-                raise PrivkitError("the reply's arrays differ in names or shapes from the "
-                                   "global model's")
+            trained = _trained_like(record, sent)
             update = {k: trained[k].astype(np.float64) - sent[k].astype(np.float64)
                       for k in sent}
             rng = self.rng(config, context)
@@ -218,6 +210,15 @@ class RecMod(_PrivacyMod):
         reply.content[name] = ArrayRecord({keys.REC_MESSAGE: Array(payload)})
         _echo(reply, keys.UPLINK_BITS, float(message.size_bits()))
         return reply
+
+
+def _trained_like(record: Any, sent: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reply's arrays, refused unless they have the global model's names and shapes."""
+    trained = keys.from_record(record)
+    if list(trained) != list(sent) or any(trained[k].shape != sent[k].shape for k in sent):
+        raise PrivkitError("the reply's arrays differ in names or shapes from the global "
+                           "model's")
+    return trained
 
 
 def _echo(reply: Message, key: str, value: float) -> None:

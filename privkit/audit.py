@@ -54,23 +54,55 @@ laplace-l1, d = 2   eps 1                 0.957 (max 0.960), 0 fail   fails 5/5 
 objective           eps 1.014             0.968 (max 0.975), 0 fail   fails 5/5 (min 1.200)
 ==================  ====================  ==========================  =====================
 
-REC (``rec``, relative entropy coding, K = 16, c = C/sigma = 0.5 per one-coordinate group)
-is audited in the Renyi domain: the claim is the accountant's D_2 bound 1.0933 (the exact
-D_2 of the full view is 0.9141); the lower bound is :func:`renyi2_lower_bound` on the decoded
-values binned on fixed edges. ``noise_scale`` s makes the selection target ``u / s`` (0.25: a
-4x sharper target). Measured over fresh seeds with the real mechanism:
+REC (``rec``, relative entropy coding, K = 64, c = C/sigma = 0.5 per one-coordinate group)
+is audited in the Renyi domain: the claim is the accountant's D_2 bound 1.0225 (the exact
+D_2 of the full view is ~0.978 by Monte Carlo, of the 0.8x-noise view ~1.52); the lower bound
+is :func:`renyi2_lower_bound` on the view's log-likelihood ratio (of the claimed mechanism)
+binned on fixed edges. ``noise_scale`` s makes the selection target ``u / s``, which is REC
+with stddev ``s sigma`` under the same claim. Measured over fresh seeds with the real
+mechanism:
 
 ==================  ====================  ==========================  =====================
-rec, draws          claim (D_2)           real: lower bound           4x target / 2x target
+rec, draws          claim (D_2)           real: lower bound           0.8x noise
 ==================  ====================  ==========================  =====================
-1e5 (5 seeds)       1.0933                0.630-0.651, 0/5 fail       5.25-5.40 / 2.32-2.37
-2e4 (10 seeds)      1.0933                0.398-0.477, 0/10 fail      4.24-4.55, 10/10 fail
+1e5 (3 seeds)       1.0225                0.712-0.740, 0/3 fail       1.157-1.188, 3/3 fail
+4e3 (3 seeds)       1.0225                0.323-0.339, 0/3 fail       4x target: 3.75-3.82
 ==================  ====================  ==========================  =====================
 
-Power against 1.25x (s = 0.8) was not reached at 2e4 (lower bounds 0.74-0.79: the binned
-decoded value loses part of the view's divergence). ``rec`` is in :data:`ALL_MECHANISMS`, not
-in :data:`MECHANISMS` (whose audits share the epsilon tests); its cost at 1e5 is a few
-seconds (two per-parameter encodes of 1e5 groups).
+The previous design (K = 16, the decoded value binned) was blind to 0.8x noise even at 1e5
+(lower bounds 0.74-0.79 at 2e4 against a claim of 1.093): the decoded value loses most of the
+view's divergence, and at K = 16 the accountant's bound is 20% above the exact D_2. 0.8x is
+caught only from ~1e5 draws (at 2e4 the simulated lower bound of the mutant is ~0.95 x claim),
+and a run at 1e5 takes ~20 s on one free core (one encode of 1e5 groups of 64 candidates plus
+their regeneration, per neighbour), so CI tests one 0.8x mutant run and ``make soak`` the rates.
+
+Coded data (``coded``, SCFL's one-time upload ``G X + sigma N``, :mod:`privkit.mechanisms.coded`)
+is audited in the MI-DP domain (nats): d = 1, c = 64, rho = 1, sigma = 2; one record is 0 or
+rho (raw 1000, clipped by the mechanism), the client has no other record (Theorem F's worst
+case). The claim is :func:`~privkit.accountants.midp.midp_coded_features` = 0.16805 nats; the
+lower bound is :func:`binary_mi_lower_bound` (binary-channel MI of the event
+``||Y||^2 / c >= t`` under a prior pi on the record, both chosen on a calibration half; at
+least Fano's ``log 2 - H_b(P_e)``). The setting is chosen where Theorem F is nearly tight
+(small snr: the bound tends to the capacity ``c snr^2 / 16``), so that 0.8x noise (1.56x the
+snr, ~2.4x the MI) is visible through a binary quantisation. Measured with the real mechanism:
+
+==================  ====================  ==========================  =====================
+coded, draws        claim (nats)          real: lower bound           0.8x noise
+==================  ====================  ==========================  =====================
+1e5 (50 seeds)      0.16805               0.109-0.113, 0/50 fail      0.219-0.225, 50/50
+2e4 (50 seeds)      0.16805               0.101-0.110, 0/50 fail      0.209-0.220, 50/50
+1e4 (20 seeds)      0.16805               0.096-0.106, 0/20 fail      0.200-0.213, 20/20
+==================  ====================  ==========================  =====================
+
+Smaller miscalibrations: 0.85x noise fails 20/20 at 1e5 (min 0.183) and 20/20 at 2e4 (min
+0.171, a thin margin); 0.9x passes 20/20 at 1e5 (max 0.158): the audit cannot see 0.9x, because
+the binary quantisation keeps only ~2/3 of the true information (real: ~0.11 of at most
+0.168). The false-failure rate is at most alpha = 1e-3 by construction whenever the claim is
+a true upper bound (the lower bound holds with probability >= 1 - alpha); with 50/50
+detections the power at 0.8x is >= 0.94 at 95% confidence (the margin is ~10 standard
+deviations, so it is in fact ~1). The same holds for ``rec`` with its own claim; 3/3 runs per
+side at 1e5 only show power >= 0.37 at 95% confidence, but the mutant's bounds sit ~0.15 above
+the claim with a run-to-run spread of ~0.015.
 
 Cost on 2 CPU cores: ``gaussian`` ~0.02 s; a call of the Laplace mechanism takes
 ~0.06 ms, so ``laplace-*`` at 1e5 takes ~12 s; ``objective`` ~6 s. The tests run the
@@ -125,13 +157,15 @@ __all__ = [
     "gdp_mu_lower_bound",
     "ALL_MECHANISMS",
     "renyi2_lower_bound",
+    "binary_mi_lower_bound",
 ]
 
 MECHANISMS: tuple[str, ...] = ("gaussian", "objective", "laplace-l2", "laplace-l1")
 """Names accepted by :func:`audit` and ``privkit audit``."""
 
-ALL_MECHANISMS: tuple[str, ...] = (*MECHANISMS, "rec")
-"""Every audit :func:`audit` runs: :data:`MECHANISMS` plus ``rec`` (relative entropy coding)."""
+ALL_MECHANISMS: tuple[str, ...] = (*MECHANISMS, "rec", "coded")
+"""Every audit :func:`audit` runs: :data:`MECHANISMS` plus ``rec`` (relative entropy coding)
+and ``coded`` (SCFL coded data, an MI-DP audit in nats)."""
 
 DEFAULT_TRIALS: Mapping[str, int] = {name: 100_000 for name in ALL_MECHANISMS}
 """Draws per neighbour (per half for threshold audits): the spec's CI recipe."""
@@ -157,11 +191,21 @@ _OBJ_ALPHA = 50.0
 _OBJ_BETA = 20.0  # loss sharpness; u2 = beta / 4
 _OBJ_MARGIN = 1.0
 
-# REC: K = 16 candidates, c = C / sigma = 0.5 per one-coordinate group; claim D_2 <= 1.0933
-# (Theorem R; the exact D_2 of the full view is 0.9141, spec dp_rec 5.10).
-_REC_BITS = 4
+# REC: K = 64 candidates, c = C / sigma = 0.5 per one-coordinate group; claim D_2 <= 1.0225
+# (Theorem R; the exact D_2 of the full view is ~0.978 by Monte Carlo, of a 0.8x-noise view ~1.52).
+_REC_BITS = 6
 _REC_C = 0.5
-_REC_EDGES = np.linspace(-3.0, 3.0, 13)
+_REC_EDGES = np.array([0.0, 1.0, 1.75, 2.35, 3.0])  # on the log-likelihood-ratio statistic
+_REC_D2_VIEW = 0.978
+_REC_DECODE_CHECK = 4096  # up to this many draws, decode() is checked against xi_{k*}
+
+# Coded data (SCFL): d = 1, c = 64 coded rows, rho = 1, sigma = 2 (snr = 1/4); the record is
+# 0 or (raw 1000, clipped to) rho, the other records 0. Claim: Theorem F, 0.16805 nats.
+_CODED_ROWS = 64
+_CODED_SIGMA = 2.0
+_CODED_RHO = 1.0
+_CODED_CHUNK = 8192  # trials per call of the mechanism (c * chunk coded rows)
+_CODED_PRIORS = np.linspace(0.1, 0.9, 17)
 
 _CENTRE_SEEDS = 16  # seeds used to measure the clipped centres / check additivity
 _ADDITIVITY_RTOL = 1e-9
@@ -172,9 +216,10 @@ class AuditResult:
     """Outcome of one audit.
 
     Attributes:
-        mechanism: the audited name (one of :data:`MECHANISMS`).
+        mechanism: the audited name (one of :data:`ALL_MECHANISMS`).
         claimed_epsilon: epsilon the mechanism claims for one use (for ``gaussian``
-            the exact epsilon of its gdp_mu at ``delta = 1e-5``).
+            the exact epsilon of its gdp_mu at ``delta = 1e-5``; for ``rec`` the Renyi D_2
+            and for ``coded`` the MI-DP bound, both in nats).
         empirical_epsilon_lower: the audit's lower bound on the true epsilon, at
             confidence ``1 - alpha`` (clamped at 0; for ``gaussian`` converted from
             ``gdp_mu_lb`` the same way as the claim).
@@ -581,27 +626,44 @@ def _audit_rec(trials: int, noise_scale: float, seed: int | None, alpha: float) 
     One real ``encode`` of ``trials`` coordinates with ``per-parameter`` groups gives that
     many independent one-dimensional REC messages (each group has its own candidates and
     selection draw); the raw input has norm 1000 sqrt(trials) and is clipped to
-    ``C = c sqrt(trials)``, i.e. to -c or +c per coordinate. The statistic is the decoded
-    value (post-processing of the view), binned on fixed edges; the claim is the accountant's
-    D_2 bound of one group. ``noise_scale`` s makes the selection target ``u / s``
-    (s = 0.25: a 4x sharper target, a broken mechanism).
+    ``C = c sqrt(trials)``, i.e. to -c or +c per coordinate. The statistic is a function of
+    the server's view (seed, indices) only: the log-likelihood ratio of the *claimed*
+    mechanism between the targets +c and -c,
+    ``L = 2 c xi_{k*} - log sum_k e^{c xi_k} + log sum_k e^{-c xi_k}``, with every candidate
+    ``xi_k`` regenerated from the seed by :func:`~privkit.mechanisms.rec.candidate_normals`;
+    it is binned on fixed edges. (It is sufficient for the pair, so only binning and the
+    confidence bounds lose divergence; the decoded value alone loses much more.) The claim is
+    the accountant's D_2 bound of one group. ``noise_scale`` s makes the selection target
+    ``u / s``, which selects exactly as REC with stddev ``s sigma`` does (the view is a
+    function of the logits ``<xi_k, u> / sigma``): s = 0.8 is the 0.8x-noise mutant.
     """
+    import torch
+
     from privkit.accountants.rec import rec_rdp
-    from privkit.mechanisms.rec import decode, encode
+    from privkit.mechanisms.rec import candidate_normals, decode, encode
 
     entropy, (g_seed, g_sel) = _spawn(seed, 2)
     clip = _REC_C * math.sqrt(trials)
     k = 1 << _REC_BITS
-    draws = []
+    stats_: list[np.ndarray] = []
+    means: list[float] = []
     for sign in (-1.0, 1.0):
         x = np.full(trials, sign * RAW_NORM)
         msg = encode(x, l2_clip_norm=clip, stddev=1.0, bits=_REC_BITS, groups="per-parameter",
                      seed=g_seed.bytes(16), rng=g_sel, _target_scale=1.0 / noise_scale)
-        y = decode(msg, (trials,)).numpy()
-        if not np.isfinite(y).all():
-            raise NumericalError("audit: REC decoded a non-finite value")
-        draws.append(y)
-    y0, y1 = draws
+        xi = candidate_normals(msg.seed, torch.arange(trials).repeat_interleave(k),
+                               torch.arange(k).repeat(trials), 1).reshape(trials, k).numpy()
+        chosen = xi[np.arange(trials), np.asarray(msg.indices, dtype=np.int64)]
+        if not np.isfinite(xi).all():
+            raise NumericalError("audit: REC produced a non-finite candidate")
+        lse_p = special.logsumexp(_REC_C * xi, axis=1)
+        lse_m = special.logsumexp(-_REC_C * xi, axis=1)
+        stats_.append(2.0 * _REC_C * chosen - lse_p + lse_m)
+        if trials <= _REC_DECODE_CHECK:  # the decoder returns the regenerated candidate
+            if not np.array_equal(decode(msg, (trials,)).numpy(), chosen):
+                raise NumericalError("audit: REC decode differs from the regenerated candidate")
+        means.append(float(chosen.mean()))
+    y0, y1 = stats_
     k0 = np.bincount(np.searchsorted(_REC_EDGES, y0), minlength=_REC_EDGES.size + 1)
     k1 = np.bincount(np.searchsorted(_REC_EDGES, y1), minlength=_REC_EDGES.size + 1)
     d2_lb = renyi2_lower_bound(k0, k1, trials, alpha)
@@ -611,19 +673,134 @@ def _audit_rec(trials: int, noise_scale: float, seed: int | None, alpha: float) 
         "renyi_order": 2,
         "d2_claimed": d2_claim,
         "d2_lower": d2_lb,
-        "d2_exact_view": 0.9141,
+        "d2_exact_view": _REC_D2_VIEW,
         "num_candidates": k,
         "c": _REC_C,
         "alpha": alpha,
         "bin_edges": _REC_EDGES.tolist(),
         "counts_D": k0.tolist(),
         "counts_D_prime": k1.tolist(),
-        "mean_D": float(y0.mean()),
-        "mean_D_prime": float(y1.mean()),
+        "mean_D": means[0],
+        "mean_D_prime": means[1],
         "seed_entropy": entropy,
     }
     return AuditResult("rec", eps_claim, d2_lb, bool(d2_lb <= d2_claim), trials, noise_scale,
-                       "Renyi D_2 lower bound from binned decoded values (one-coordinate groups)",
+                       "Renyi D_2 lower bound from the binned log-likelihood ratio of the view "
+                       "(one-coordinate groups)", details)
+
+
+# ------------------------------------------------------------- coded data (MI-DP)
+
+
+def _entropy2(p: np.ndarray) -> np.ndarray:
+    """Binary entropy in nats (0 at p = 0 or 1)."""
+    return special.entr(p) + special.entr(1.0 - p)
+
+
+def binary_mi_lower_bound(k0: Any, k1: Any, n: int, alpha: float, prior: float) -> np.ndarray:
+    """Lower bound (nats) on I(X; Y) for X ~ Bernoulli(prior) from an event's counts.
+
+    ``k0`` of ``n`` draws of Y given X = 0 and ``k1`` of ``n`` given X = 1 fell in an event S.
+    By data processing ``I(X; Y) >= I(X; 1_S(Y)) = f(p0, p1)``, the mutual information of a
+    binary channel. For a fixed input law f is convex in the channel ``(p0, p1)`` and zero on
+    ``p0 = p1``, so it increases in p1 and decreases in p0 while ``p0 <= p1``; with
+    Clopper-Pearson bounds ``p0 <= hi0``, ``p1 >= lo1`` (``alpha / 2`` each, holding together
+    with probability >= 1 - alpha) ``f(p0, p1) >= f(hi0, lo1)`` when ``lo1 > hi0`` (else 0).
+    (For ``prior = 1/2`` this is at least Fano's ``log 2 - H_b(P_e)``.) Vectorised over counts.
+    """
+    hi0 = clopper_pearson_upper(k0, n, alpha / 2)
+    lo1 = clopper_pearson_lower(k1, n, alpha / 2)
+    mix = prior * lo1 + (1.0 - prior) * hi0
+    mi = _entropy2(mix) - prior * _entropy2(lo1) - (1.0 - prior) * _entropy2(hi0)
+    return np.where(lo1 > hi0, np.maximum(mi, 0.0), 0.0)
+
+
+def _coded_statistic(values: np.ndarray, sigma: float, trials: int, g: np.random.Generator
+                     ) -> np.ndarray:
+    """``||Y||^2 / c`` of ``trials`` independent uploads of the one-record client ``values``."""
+    from privkit.mechanisms.coded import code_client_data
+
+    c = _CODED_ROWS
+    out = np.empty(trials)
+    for lo in range(0, trials, _CODED_CHUNK):
+        m = min(_CODED_CHUNK, trials - lo)
+        up = code_client_data(values, num_coded_rows=c * m, stddev=sigma,
+                              row_l2_bound=_CODED_RHO, rng=g)
+        y = np.asarray(up.coded_features, dtype=np.float64).reshape(m, c)
+        if not np.isfinite(y).all():
+            raise NumericalError("audit: the coded upload is not finite")
+        out[lo:lo + m] = np.einsum("ij,ij->i", y, y) / c
+    return out
+
+
+def _audit_coded(trials: int, noise_scale: float, seed: int | None, alpha: float
+                 ) -> AuditResult:
+    """MI-DP audit of SCFL coded data: a lower bound on I(x_j; upload) against Theorem F.
+
+    One client, d = 1, one record x_j in {0, x_1} (raw 1000, clipped by the mechanism to
+    rho = 1), no other records (the worst case of Theorem F's proof) and no labels. A call
+    of :func:`~privkit.mechanisms.coded.code_client_data` with ``c * m`` coded rows gives m
+    independent c-row uploads (its rows are iid given the record: rows of G and N are iid),
+    so the audit makes ``trials`` uploads per record value per half in a few calls. The
+    statistic ``||Y||^2 / c`` is sufficient for d = 1 with G secret
+    (``||Y||^2 = (sigma^2 + x^2) chi2_c``). On a calibration half the audit picks the event
+    ``{T >= t}`` (or its complement) and a prior ``pi`` on x_j = x_1 that maximise
+    :func:`binary_mi_lower_bound`; on a fresh half that bound is an at-(1 - alpha) lower bound
+    on ``I(x_j; upload)`` under that input law, which MI-DP bounds by the claim
+    (:func:`~privkit.accountants.midp.midp_coded_features`, nats). ``noise_scale`` s feeds
+    ``stddev = s sigma`` to the mechanism while the claim stays at sigma.
+    """
+    from privkit.accountants.midp import midp_coded_features, midp_coded_release
+    from privkit.mechanisms.coded import code_client_data
+
+    sigma = _CODED_SIGMA
+    claim = float(midp_coded_features(_CODED_ROWS, sigma, _CODED_RHO, 1))
+    event_nats = midp_coded_release(code_client_data(
+        np.zeros((1, 1)), num_coded_rows=_CODED_ROWS, stddev=sigma, row_l2_bound=_CODED_RHO,
+        rng=np.random.default_rng(0)).event).nats
+    if not math.isclose(event_nats, claim, rel_tol=1e-12):
+        raise NumericalError("audit: the upload's event does not price to Theorem F")
+    x0, x1 = np.zeros((1, 1)), np.full((1, 1), RAW_NORM)
+    entropy, gens = _spawn(seed, 4)
+    s = sigma * noise_scale
+    cal0, cal1 = (_coded_statistic(x, s, trials, g) for x, g in ((x0, gens[0]), (x1, gens[1])))
+    ev0, ev1 = (_coded_statistic(x, s, trials, g) for x, g in ((x0, gens[2]), (x1, gens[3])))
+
+    best: tuple[float, float, float, float] = (-1.0, 1.0, float(np.median(cal0)), 0.5)
+    for sign in (1.0, -1.0):
+        c0, c1 = np.sort(sign * cal0), np.sort(sign * cal1)
+        cands = np.unique(np.quantile(np.concatenate([c0, c1]), np.linspace(0.01, 0.99, 99)))
+        n0, n1 = _count_at_least(c0, cands), _count_at_least(c1, cands)
+        for prior in _CODED_PRIORS:
+            scores = binary_mi_lower_bound(n0, n1, trials, alpha, float(prior))
+            i = int(np.argmax(scores))
+            if scores[i] > best[0]:
+                best = (float(scores[i]), sign, float(cands[i]), float(prior))
+    score, sign, t, prior = best
+    k0 = int(np.count_nonzero(sign * ev0 >= t))
+    k1 = int(np.count_nonzero(sign * ev1 >= t))
+    mi_lb = float(binary_mi_lower_bound(k0, k1, trials, alpha, prior))
+    details = {
+        "mi_dp_claimed_nats": claim,
+        "mi_lower_nats": mi_lb,
+        "calibration_mi_lower_nats": score,
+        "num_coded_rows": _CODED_ROWS,
+        "stddev_claimed": sigma,
+        "stddev_used": s,
+        "row_l2_bound": _CODED_RHO,
+        "dim": 1,
+        "prior": prior,
+        "threshold": t,
+        "orientation": sign,
+        "count_D": k0,
+        "count_D_prime": k1,
+        "fpr_hi": float(clopper_pearson_upper(k0, trials, alpha / 2)),
+        "tpr_lo": float(clopper_pearson_lower(k1, trials, alpha / 2)),
+        "alpha": alpha,
+        "seed_entropy": entropy,
+    }
+    return AuditResult("coded", claim, mi_lb, bool(mi_lb <= claim), trials, noise_scale,
+                       "binary-channel MI lower bound: ||Y||^2 / c >= t (d = 1, record 0 or rho)",
                        details)
 
 
@@ -643,16 +820,19 @@ def audit(
 
     Args:
         mechanism_name: ``"rec"`` (REC, Renyi D_2 audit; the epsilon fields then hold D_2 in
-            nats), ``"gaussian"`` (GaussianOutputPerturbation, GDP trade-off
-            audit; claim ``gdp_mu = 1/noise_multiplier``), ``"laplace-l2"`` /
+            nats), ``"coded"`` (SCFL coded data, MI-DP audit; the epsilon fields then hold
+            mutual information in nats, never an epsilon), ``"gaussian"``
+            (GaussianOutputPerturbation, GDP trade-off audit; claim
+            ``gdp_mu = 1/noise_multiplier``), ``"laplace-l2"`` /
             ``"laplace-l1"`` (LaplaceGradientNoise with the L2 / L1 noise shape,
             threshold audit; claim = its epsilon) or ``"objective"``
             (ObjectivePerturbation on a one-parameter GLM, threshold audit on the
             exact minimiser; claim = its step_epsilon).
         trials: draws per neighbour (per half for threshold audits); default
             :data:`DEFAULT_TRIALS` (1e5, the spec's CI recipe).
-        noise_scale: written into the mechanism's private ``_noise_scale``; values
-            below 1 build a mechanism that breaks its claim and should fail.
+        noise_scale: written into the mechanism's private ``_noise_scale`` (``rec``: the
+            selection target ``u / s``; ``coded``: ``stddev = s sigma``); values below 1
+            build a mechanism that breaks its claim and should fail.
         seed: makes the audit deterministic; ``None`` draws fresh entropy (reported
             in ``details["seed_entropy"]`` so the run can be repeated).
         alpha: total error probability of the confidence bounds, in (0, 1).
@@ -691,6 +871,8 @@ def audit(
         result = _audit_objective(n, scale, s, a)
     elif mechanism_name == "rec":
         result = _audit_rec(n, scale, s, a)
+    elif mechanism_name == "coded":
+        result = _audit_coded(n, scale, s, a)
     else:
         result = _audit_laplace(mechanism_name.split("-")[1], n, scale, s, a, dim)
     details = dict(result.details)

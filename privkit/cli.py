@@ -102,7 +102,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="gaussian: GDP trade-off audit of GaussianOutputPerturbation; "
                     "objective: ObjectivePerturbation on a 1-parameter GLM; laplace-l2 / "
                     "laplace-l1: LaplaceGradientNoise (d = 2) with that noise shape; rec: "
-                    "Renyi-2 audit of the REC encoder")
+                    "Renyi-2 audit of the REC encoder; coded: mutual-information audit of SCFL's "
+                    "coded upload")
     au.add_argument("--trials", type=_number, default=None,
                     help="draws per neighbour (per half for threshold audits; default 1e5)")
     au.add_argument("--noise-scale", type=_number, default=1.0,
@@ -212,6 +213,11 @@ def _cmd_audit(a: argparse.Namespace) -> int:
         claim = (f"claimed Renyi divergence D_{det['renyi_order']} <= {det['d2_claimed']:.4f} "
                  f"(K = {det['num_candidates']}, C/sigma = {det['c']:g})")
         found = f"empirical lower bound D_{det['renyi_order']} >= {det['d2_lower']:.4f}"
+    elif "mi_dp_claimed_nats" in det:
+        claim = (f"claimed MI-DP I(record; upload) <= {det['mi_dp_claimed_nats']:.4f} nats "
+                 f"(c = {det['num_coded_rows']}, sigma = {det['stddev_claimed']:g}, "
+                 f"rho = {det['row_l2_bound']:g}, d = 1; not an epsilon)")
+        found = f"empirical lower bound I >= {det['mi_lower_nats']:.4f} nats"
     elif "gdp_mu_claimed" in det:
         claim = (f"claimed gdp_mu = {det['gdp_mu_claimed']:.4f} (eps = {r.claimed_epsilon:.4f} "
                  f"at delta = {det['delta']:g})")

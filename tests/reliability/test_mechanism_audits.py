@@ -2,9 +2,10 @@
 
 tests/privkit/test_audit.py runs every audit once per fixed seed; here the same audits run
 over many seeds so that the false-failure rate (real mechanism) and the power (0.8x noise)
-are *measured*, and printed. CI runs the cheap batched Gaussian audit over 20 seeds per side;
-``PRIVKIT_SOAK=1`` adds the three loop-based audits (laplace-l2 at d = 1, laplace-l1 at d = 2,
-objective) over 20 seeds per side each.
+are *measured*, and printed. CI runs the cheap batched audits (Gaussian, 20 seeds per side;
+coded data, an MI-DP audit in nats, 10) and ``PRIVKIT_SOAK=1`` adds the three loop-based audits
+(laplace-l2 at d = 1, laplace-l1 at d = 2, objective) over 20 seeds per side each and REC (its
+0.8x mutant needs the default 1e5 draws, ~20 s per run) over 5 seeds per side.
 
 The sampler part feeds the noise of the real mechanism objects (not the bare samplers) to
 norm and direction tests at n = 20 000 draws: Gaussian output perturbation (KS against
@@ -28,25 +29,30 @@ import privkit
 from privkit import audit as A
 
 SEEDS = scaled(20, 20)
-TRIALS = {"gaussian": 100_000, "laplace-l2": 10_000, "laplace-l1": 20_000, "objective": 20_000}
+TRIALS = {"gaussian": 100_000, "laplace-l2": 10_000, "laplace-l1": 20_000, "objective": 20_000,
+          "coded": 10_000, "rec": 100_000}
+SEEDS_OF = {"rec": 5, "coded": scaled(10, 50)}
 EXTRA = {"laplace-l2": {"dimension": 1}}
-AUDITS = ["gaussian"] + (["laplace-l2", "laplace-l1", "objective"] if SOAK else [])
+AUDITS = ["gaussian", "coded"] + (["laplace-l2", "laplace-l1", "objective", "rec"]
+                                  if SOAK else [])
+assert set(TRIALS) == set(A.ALL_MECHANISMS)  # every mechanism has a rate test
 
 
 @pytest.mark.parametrize("name", AUDITS)
 def test_audit_false_failure_rate_and_power(name):
     kw = {"trials": TRIALS[name], **EXTRA.get(name, {})}
-    real = [A.audit(name, seed=1000 + s, **kw) for s in range(SEEDS)]
-    mutant = [A.audit(name, noise_scale=0.8, seed=2000 + s, **kw) for s in range(SEEDS)]
+    seeds = SEEDS_OF.get(name, SEEDS)
+    real = [A.audit(name, seed=1000 + s, **kw) for s in range(seeds)]
+    mutant = [A.audit(name, noise_scale=0.8, seed=2000 + s, **kw) for s in range(seeds)]
     false_failures = sum(not r.passed for r in real)
     caught = sum(not r.passed for r in mutant)
     worst_real = max(r.empirical_epsilon_lower for r in real)
     best_mutant = min(r.empirical_epsilon_lower for r in mutant)
-    print(f"\naudit {name}: real fails {false_failures}/{SEEDS} (max lower bound "
+    print(f"\naudit {name}: real fails {false_failures}/{seeds} (max lower bound "
           f"{worst_real:.3f}, claim {real[0].claimed_epsilon:.3f}); 0.8x noise caught "
-          f"{caught}/{SEEDS} (min lower bound {best_mutant:.3f})")
+          f"{caught}/{seeds} (min lower bound {best_mutant:.3f})")
     assert false_failures == 0
-    assert caught == SEEDS
+    assert caught == seeds
 
 
 # ------------------------------------------------------------- samplers of real mechanisms

@@ -1,17 +1,24 @@
 """Crash safety: SIGKILL trainer runs at random points, resume, and compare bitwise.
 
-For each :data:`_trainers.CASES` entry (a deterministic private ``privkit train`` run with a
-checkpoint every iteration), an uninterrupted reference run is made first. Then a fresh run
+For each :data:`_trainers.CASES` entry (a deterministic private ``privkit train`` run with
+frequent checkpoints), an uninterrupted reference run is made first. Then a fresh run
 is started and SIGKILLed at a random moment of its training, resumed with ``--resume``,
 killed again, ... and finally resumed to the end. After every kill the ledger must open (its
 hash chains verify) and no client's epsilon may have decreased. At the end the ledger bytes,
-the final checkpoint (tensors bytes and state), and report.json must equal the reference's,
+the final checkpoints (tensors bytes and state), and report.json must equal the reference's,
 except the wall-clock fields ``wall_time_s`` and ``client_compute_s`` (the PNG plots are not
 compared: one of them has wall time on its axis). Ledgers are byte-identical because the
 subprocesses set ``SOURCE_DATE_EPOCH`` (the ledger header's time).
 
-CI: 3 kill points on the Upcycled-FL output-perturbation case. ``PRIVKIT_SOAK=1``: 8 kill
-points on every case (24 in all).
+A run may train several algorithms one after the other (MAPA then AUDP, SCFL then FL-PMA,
+DP-REC then DP-FedAvg), each with its own ledger and checkpoints; every ledger, checkpoint and
+listed file is compared. SCFL has no epsilon ledger (its privacy is the MI-DP of a one-time
+coded upload, written to ``midp-scfl.json``): its checkpoints hold the server's coded set, so
+a resumed run continues with the very coded rows (and noise) of the first start.
+
+CI: 3 kill points: 2 on the Upcycled-FL output-perturbation case and 1 on a case drawn with a
+fixed seed among MAPA, SCFL and DP-REC. ``PRIVKIT_SOAK=1``: 8 kill points on every case (48
+in all, over the four trainers).
 
 Also here: crashes injected in-process at the exact windows that matter (between a round's
 charge and its checkpoint, and between two charge batches of one round), an older checkpoint
@@ -35,8 +42,15 @@ from _trainers import CASES, ROOT, TrainerCase, command, env, outcome, run
 
 from privkit.ledger import Ledger, LedgerPointer
 
-KILLS_PER_CASE = scaled(3, 8)
-ACTIVE = [c for c in CASES if c.ci or SOAK]
+#: The CI subset's drawn case (fixed seed: the same one every run, so failures reproduce).
+DRAWN = [c for c in CASES if c.ci_draw][
+    int(np.random.default_rng(11).integers(sum(c.ci_draw for c in CASES)))]
+ACTIVE = [c for c in CASES if c.ci or c is DRAWN or SOAK]
+
+
+def kills(case: TrainerCase) -> int:
+    """Kill points of a case: 8 each in the soak; CI: 2 on the fixed case, 1 on the drawn."""
+    return scaled(2 if case.ci else 1, 8)
 
 
 def _ledger_epsilons(case: TrainerCase, out: Path) -> dict[str, dict[str, float]]:
@@ -47,10 +61,39 @@ def _ledger_epsilons(case: TrainerCase, out: Path) -> dict[str, dict[str, float]
     return found
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float) -> bool:
+def _classify(case: TrainerCase, out: Path) -> str:
+    """Where the kill landed, from what it left on disk (in the algorithm that was running:
+    the last one with a ledger or a checkpoint)."""
+    n = max(len(case.ledgers), len(case.checkpoints))
+    for i in reversed(range(n)):
+        ckpt = out / case.checkpoints[i] if i < len(case.checkpoints) else None
+        ledger_path = out / case.ledgers[i] if i < len(case.ledgers) else None
+        has_ckpt = ckpt is not None and (ckpt / "LATEST").exists()
+        if not has_ckpt and not (ledger_path is not None and ledger_path.exists()):
+            continue
+        where = f" ({Path(case.checkpoints[i]).name})" if n > 1 else ""
+        if ledger_path is None:
+            return "at or between checkpoints (no ledger)" + where
+        led = Ledger.open(ledger_path)
+        if led.discarded_bytes:
+            return "inside a ledger write" + where
+        if not has_ckpt:
+            return "before the first checkpoint" + where
+        assert ckpt is not None
+        latest = ckpt / (ckpt / "LATEST").read_text().strip()
+        pointer = json.loads((latest / "state.json").read_text())["ledger_pointer"]
+        if pointer["seq"] < led.head().seq:
+            return "between a charge and its checkpoint" + where
+        return "at a checkpoint boundary (even step, evaluation or report)" + where
+    return "before training"
+
+
+def _wait_for_progress(case: TrainerCase, out: Path, proc: subprocess.Popen,
+                       timeout: float) -> bool:
     end = time.monotonic() + timeout
+    empty = ((None,) * len(case.ledgers), (None,) * len(case.checkpoints))
     while time.monotonic() < end:
-        if path.exists():
+        if _progress(case, out) != empty:
             return True
         if proc.poll() is not None:
             return False
@@ -58,67 +101,63 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def _classify(case: TrainerCase, out: Path) -> str:
-    """Where the kill landed, from what it left on disk."""
-    ckpt = out / case.checkpoints[0]
-    ledger_path = out / case.ledgers[0]
-    if not ledger_path.exists():
-        return "before training"
-    led = Ledger.open(ledger_path)
-    if led.discarded_bytes:
-        return "inside a ledger write"
-    if not (ckpt / "LATEST").exists():
-        return "before the first checkpoint"
-    latest = ckpt / (ckpt / "LATEST").read_text().strip()
-    pointer = json.loads((latest / "state.json").read_text())["ledger_pointer"]
-    if pointer["seq"] < led.head().seq:
-        return "between a charge and its checkpoint"
-    return "at a checkpoint boundary (even step, evaluation or report)"
-
-
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """Uninterrupted reference runs: outcome and timing (startup vs training)."""
+    """Uninterrupted reference runs: outcome, time per checkpoint, training time (first
+    durable step to the last checkpoint) and when each checkpoint was written."""
     refs = {}
     for case in ACTIVE:
         out = tmp_path_factory.mktemp(f"ref-{case.name}")
         t0 = time.monotonic()
         proc = subprocess.Popen(command(case, out, False), env=env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        started = _wait_for(out / case.ledgers[0], proc, 300)
+        started = _wait_for_progress(case, out, proc, 300)
         t_start = time.monotonic() - t0
-        latest, seen = out / case.checkpoints[0] / "LATEST", []  # (time, checkpoint) changes
+        seen = []  # (time, checkpoint pointers) changes
         while proc.poll() is None:
-            name = latest.read_text() if latest.exists() else None
-            if name and (not seen or seen[-1][1] != name):
-                seen.append((time.monotonic(), name))
+            now = _progress(case, out)[1]
+            if any(now) and (not seen or seen[-1][1] != now):
+                seen.append((time.monotonic(), now))
             time.sleep(0.001)
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0 and started and len(seen) >= 3, err
         per_iteration = (seen[-1][0] - seen[0][0]) / (len(seen) - 1)
-        refs[case.name] = (outcome(case, out), t_start, per_iteration)
+        t_train = seen[-1][0] - t0 - t_start  # first durable step to the last checkpoint
+        # per checkpoint directory: (checkpoint name, training time it was first seen)
+        when: list[list[tuple[str, float]]] = [[] for _ in case.checkpoints]
+        for t, ptrs in seen:
+            for j, name in enumerate(ptrs):
+                if name and (not when[j] or when[j][-1][0] != name):
+                    when[j].append((name, t - t0 - t_start))
+        refs[case.name] = (outcome(case, out), per_iteration, t_train, when)
     return refs
 
 
 @pytest.mark.parametrize("case", ACTIVE, ids=lambda c: c.name)
 def test_sigkill_at_random_points_then_resume_is_bitwise_equal(case, references, tmp_path):
-    ref, _, per_iteration = references[case.name]
+    ref, per_iteration, t_train, when = references[case.name]
+    n_kills = kills(case)
     out = tmp_path / "run"
     rng = np.random.default_rng([7, len(case.name)])
     prev: dict[str, dict[str, float]] = {}
     landed: list[str] = []
-    for i in range(KILLS_PER_CASE):
+    for i in range(n_kills):
         state_before = _progress(case, out)
         proc = subprocess.Popen(command(case, out, resume=i > 0), env=env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             # wait until the run has durably done something (a charge or a checkpoint), so
-            # the kill lands in training, not in start-up; then a random share of the run
+            # the kill lands in training, not in start-up; then kill it at a random point of
+            # the i-th of n equal shares of 90% of the reference run's training up to its last
+            # checkpoint (the run's position located by its checkpoints), so the kills spread
+            # over every algorithm of the run
             end = time.monotonic() + 300
             while (_progress(case, out) == state_before and proc.poll() is None
                    and time.monotonic() < end):
                 time.sleep(0.002)
-            time.sleep(float(rng.uniform(0.0, 2.5 * per_iteration)))
+            at = _position(when, _progress(case, out)[1])
+            target = 0.9 * t_train * (i + float(rng.uniform())) / n_kills
+            time.sleep(max(target - at, float(rng.uniform(0.0, per_iteration))))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=60)
@@ -144,13 +183,24 @@ def test_sigkill_at_random_points_then_resume_is_bitwise_equal(case, references,
     killed = [w for w in landed if w != "finished before the kill"]
     counts = {w: landed.count(w) for w in sorted(set(landed))}
     print(f"\n{case.name}: {len(killed)} kill points survived: {counts}")
-    assert len(killed) >= (KILLS_PER_CASE + 1) // 2, landed
+    assert len(killed) >= (n_kills + 1) // 2, landed
+
+
+def _position(when: list[list[tuple[str, float]]], pointers: tuple) -> float:
+    """Where a run with these checkpoint pointers stands in the reference run's training
+    time (the latest reference checkpoint at or before them; names sort by round)."""
+    for j in reversed(range(len(pointers))):
+        if pointers[j]:
+            times = [t for name, t in when[j] if name <= pointers[j]]
+            if times:
+                return max(times)
+            return max((t for name, t in when[j - 1]), default=0.0) if j else 0.0
+    return 0.0
 
 
 def _progress(case: TrainerCase, out: Path) -> tuple:
     """What a run has durably done: ledger bytes and checkpoint pointers."""
-    led = out / case.ledgers[0]
-    return (led.read_bytes() if led.exists() else None,
+    return (tuple((out / x).read_bytes() if (out / x).exists() else None for x in case.ledgers),
             tuple((out / c / "LATEST").read_text() if (out / c / "LATEST").exists() else None
                   for c in case.checkpoints))
 
@@ -237,6 +287,42 @@ def test_crash_between_two_charge_batches_of_one_round(tmp_path, monkeypatch):
     batches = {json.loads(x)["batch_end"] for x in lines if json.loads(x)["round"] == 3}
     assert len(batches) >= 2  # round 3 really is several batches
     _assert_same(ref, res, tmp)
+
+
+def test_scfl_resume_keeps_the_coded_upload_of_the_first_start(tmp_path, monkeypatch):
+    """SCFL's privacy is one coded upload per client: with OS-entropy coding noise (nothing
+    to replay) a crash and resume must go on with the coded rows the server already holds,
+    never with a fresh coding, and report the same MI-DP."""
+    import fl_examples.scfl as scfl
+
+    cfg = scfl.ScflConfig(dataset="digits", clients=6, num_coded_rows=60, rounds=6,
+                          checkpoint_every=1, secure_coding=True, seed=1)
+    real = scfl.checkpoint.save
+
+    def save(directory, round_, tensors, state):
+        if round_ == 4:
+            raise _Crash
+        return real(directory, round_, tensors, state)
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(scfl.checkpoint, "save", save)
+        with pytest.raises(_Crash):
+            scfl.train(cfg, algorithms="scfl", out=out)
+    from safetensors.numpy import load_file
+
+    ckpt = out / "checkpoints" / "scfl"
+    first = load_file(ckpt / "ckpt-000003" / "tensors.safetensors")
+    fresh = scfl._code(cfg, scfl.load_data(cfg), None)  # noqa: SLF001 - what a recoding gives
+    assert not np.array_equal(fresh[0], first["coded_x"])
+    res = scfl.train(cfg, algorithms="scfl", out=out, resume=True)
+    last = load_file(ckpt / (ckpt / "LATEST").read_text().strip() / "tensors.safetensors")
+    assert (ckpt / "LATEST").read_text().strip() == "ckpt-000006"
+    assert np.array_equal(last["coded_x"], first["coded_x"])
+    assert np.array_equal(last["coded_y"], first["coded_y"])
+    midp = json.loads((out / "midp-scfl.json").read_text())
+    assert midp["mi_dp_nats"] == res["algorithms"]["scfl"]["privacy"]["per_client"]
+    assert all(x > 0 for x in midp["mi_dp_nats"])
 
 
 # --------------------------------------------------------- older checkpoint / older ledger

@@ -327,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PrivkitError as exc:
         print(f"privkit: error: {exc}", file=sys.stderr)
         return 2
+    except FloatingPointError as exc:  # a trainer diverged: a run failure, not a bad argument
+        print(f"privkit: error: {exc}", file=sys.stderr)
+        return 1
     return code or 0
 
 

@@ -114,3 +114,12 @@ def test_train_bad_input_one_line_exit_2(args, name, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and name in err
+
+
+def test_a_diverging_trainer_prints_one_line_and_exits_1(capsys, tmp_path):
+    argv = ["train", "scfl", "--dataset", "digits", "--clients", "5", "--coded-rows", "50",
+            "--lr", "1e9", "--rounds", "30", "--algorithms", "fl-pma", "--out", str(tmp_path)]
+    with pytest.warns(RuntimeWarning):
+        assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "diverged" in err[0] and "lower --lr" in err[0]

@@ -104,12 +104,8 @@ class OutputPerturbationMod(_PrivacyMod):
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        records = reply.content.array_records
-        if len(records) != 1:
-            return _error(msg, self.name, "the reply must carry exactly one ArrayRecord")
-        name, record = next(iter(records.items()))
         try:
-            trained = _trained_like(record, sent)
+            name, trained = _trained_like(reply, sent)
             rng = self.rng(config, context)
             if settings.clip == "update":
                 delta = {k: trained[k] - sent[k] for k in sent}
@@ -192,12 +188,8 @@ class RecMod(_PrivacyMod):
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        records = reply.content.array_records
-        if len(records) != 1:
-            return _error(msg, self.name, "the reply must carry exactly one ArrayRecord")
-        name, record = next(iter(records.items()))
         try:
-            trained = _trained_like(record, sent)
+            name, trained = _trained_like(reply, sent)
             update = {k: trained[k].astype(np.float64) - sent[k].astype(np.float64)
                       for k in sent}
             rng = self.rng(config, context)
@@ -212,13 +204,19 @@ class RecMod(_PrivacyMod):
         return reply
 
 
-def _trained_like(record: Any, sent: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The reply's arrays, refused unless they have the global model's names and shapes."""
+def _trained_like(reply: Message, sent: dict[str, np.ndarray]
+                  ) -> tuple[str, dict[str, np.ndarray]]:
+    """The name and arrays of the reply's single ArrayRecord, refused unless there is exactly
+    one and it has the global model's names and shapes."""
+    records = reply.content.array_records
+    if len(records) != 1:
+        raise PrivkitError("the reply must carry exactly one ArrayRecord")
+    name, record = next(iter(records.items()))
     trained = keys.from_record(record)
     if list(trained) != list(sent) or any(trained[k].shape != sent[k].shape for k in sent):
         raise PrivkitError("the reply's arrays differ in names or shapes from the global "
                            "model's")
-    return trained
+    return name, trained
 
 
 def _echo(reply: Message, key: str, value: float) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import time
 import warnings
@@ -724,8 +725,6 @@ def run_method(method: ScflMethod, sh: _Shared, *, out: Path | None = None,
         if out is not None:
             body = {"client_ids": list(sh.data.client_ids), "mi_dp_nats": priv["per_client"],
                     "events": [event_to_dict(e) for e in run.events], "covers": COVERS}
-            import json
-
             atomic_write_bytes(out / f"midp-{method.value}.json",
                                json.dumps(body, indent=1).encode("utf-8"))
     return entry

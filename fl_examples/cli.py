@@ -36,32 +36,36 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
     for module in command_modules():
         p = tsub.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(p)
+        default = getattr(module, "DEFAULT_THREADS", None)
+        p.add_argument("--threads", type=float, default=default,
+                       help="CPU threads for torch during the run (default: "
+                            + ("torch's own choice" if default is None else str(default))
+                            + "); 1 is fastest for small models on a busy machine")
         p.set_defaults(_train_command=module.run)
-        if not any("--threads" in a.option_strings for a in p._actions):
-            # trainers that define --threads themselves set their own default and apply it
-            p.add_argument("--threads", type=float, default=None,
-                           help="CPU threads for torch (default: torch's own choice); 1 is "
-                                "fastest for small models on a busy machine")
-            p.set_defaults(_common_threads=True)
 
 
-def set_threads(threads: float | None) -> None:
-    """Apply ``--threads`` (validated) to torch's intra-op thread pool."""
+def set_threads(threads: float | None) -> int | None:
+    """Apply ``--threads`` (validated) to torch's intra-op pool; returns the previous count."""
     if threads is None:
-        return
+        return None
     from privkit import _validate
 
     n = _validate.positive_int("threads", threads)
     import torch
 
+    before = torch.get_num_threads()
     torch.set_num_threads(n)
+    return before
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Run the ``train`` command chosen on the command line."""
-    if getattr(args, "_common_threads", False):
-        set_threads(args.threads)
-    return int(args._train_command(args) or 0)
+    """Run the ``train`` command chosen on the command line (threads restored afterwards)."""
+    before = set_threads(args.threads)
+    try:
+        return int(args._train_command(args) or 0)
+    finally:
+        if before is not None:
+            set_threads(before)
 
 
 def demo_trainers(out: str) -> None:

@@ -8,6 +8,7 @@ import json
 from fl_examples.commands import nonnegative_int, positive_int
 
 NAME = "dprec"
+DEFAULT_THREADS = 1  # small encoder chunks and local models; more threads spin on a busy machine
 HELP = "DP-REC (relative entropy coding) and DP-FedAvg at the same epsilon"
 DESCRIPTION = ("DP-REC: clipped client updates sent as a seed plus a few bits through relative "
                "entropy coding (the sampling is the privacy noise), with a DP-FedAvg baseline "
@@ -50,19 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(0: never)")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT's checkpoints and ledgers (same settings)")
-    p.add_argument("--threads", type=float, default=1,
-                   help="CPU threads for torch (default 1: the encoder's chunks and the "
-                        "local models are small, and more threads spin on a busy machine)")
     p.add_argument("--out", required=True, help="output directory (report.json, plots, ledgers)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from fl_examples.dprec import DPRecConfig, final_table, train
 
-    threads = positive_int("threads", args.threads)
     cfg = DPRecConfig(
         dataset=args.dataset, clients=positive_int("clients", args.clients),
         digits_classes=nonnegative_int("digits_classes", args.digits_classes),
@@ -80,12 +75,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
     compare = tuple(c for c in args.compare.split(",") if c)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        res = train(cfg, compare=compare, out=args.out, resume=args.resume)
-    finally:
-        torch.set_num_threads(before)
+    res = train(cfg, compare=compare, out=args.out, resume=args.resume)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],
                               "privacy": {k: v for k, v in r["privacy"].items()

@@ -9,6 +9,7 @@ from typing import Any
 from fl_examples.commands import nonnegative_int, positive_int
 
 NAME = "mapa"
+DEFAULT_THREADS = 1  # the per-upload kernels are small; more threads spin on a busy machine
 HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace-style gradient noise"
 DESCRIPTION = ("Asynchronous FL on a deterministic event simulator: edges upload clipped, "
                "noised gradients (pure epsilon-DP each); the cloud applies them FIFO. MAPA "
@@ -74,9 +75,6 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--naive", action="store_true",
                    help="compute uploads one at a time (the reference path; slower)")
     u.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N]")
-    u.add_argument("--threads", type=float, default=1,
-                   help="torch CPU threads (default 1: the per-upload kernels are small, and "
-                        "more threads only contend)")
     u.add_argument("--checkpoint-every", type=float, default=0,
                    help="checkpoint every N applied updates (and at the end) into "
                         "OUT/checkpoints/<algorithm> (0: never)")
@@ -99,11 +97,8 @@ def _epsilon(text: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from fl_examples.mapa import MapaConfig, final_table, train
 
-    threads = positive_int("threads", args.threads)
     algorithms = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
     cfg = MapaConfig(
         dataset=args.dataset, model=args.model, edges=positive_int("edges", args.edges),
@@ -121,12 +116,7 @@ def run(args: argparse.Namespace) -> int:
         amplification=args.amplification,
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
-    finally:
-        torch.set_num_threads(before)
+    res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
     if args.json:
         summary = {}
         for name, r in res["algorithms"].items():

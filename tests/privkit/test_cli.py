@@ -123,3 +123,21 @@ def test_a_diverging_trainer_prints_one_line_and_exits_1(capsys, tmp_path):
         assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "diverged" in err[0] and "lower --lr" in err[0]
+
+
+def test_threads_option_defaults_per_trainer_and_is_restored(tmp_path):
+    import torch
+
+    from fl_examples import cli as fl_cli
+    from privkit.cli import _build_parser
+
+    parser = _build_parser()
+    assert parser.parse_args(["train", "mapa", "--out", "x"]).threads == 1
+    assert parser.parse_args(["train", "dprec", "--out", "x"]).threads == 1
+    assert parser.parse_args(["train", "upcycled", "--out", "x"]).threads is None
+    before = torch.get_num_threads()
+    seen = []
+    args = parser.parse_args(["train", "upcycled", "--out", str(tmp_path), "--threads", "1"])
+    args._train_command = lambda a: seen.append(torch.get_num_threads()) or 0
+    assert fl_cli.run_train(args) == 0
+    assert seen == [1] and torch.get_num_threads() == before

@@ -12,21 +12,17 @@ report.json, except the wall-clock fields ``wall_time_s`` and ``client_compute_s
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _sigkill import kill_when
 
 import fl_examples.core.report as report_mod
 import fl_examples.dprec as dprec_mod
-import privkit
 from fl_examples.core.checkpoint import CheckpointError
 from fl_examples.core.seeds import SeedTree
 from fl_examples.dprec import DPRecConfig, _Run, load_dataset, run_algorithm, train
@@ -35,7 +31,6 @@ from privkit.errors import InvalidParameterError, LedgerMismatchError, LedgerRol
 from privkit.ledger import Ledger
 from privkit.mechanisms import rec, sampling
 
-ROOT = Path(privkit.__file__).resolve().parents[1]
 WALL = frozenset({"wall_time_s", "client_compute_s"})  # the only wall-clock fields
 # 10 clients, 6 draws with replacement a round: most DP-REC rounds draw a client twice, so
 # they charge the ledger in two batches (count 1, count 2)
@@ -247,55 +242,15 @@ def test_seen_seeds_survive_resume(tmp_path):
 
 
 # --------------------------------------------------------------------- SIGKILL, subprocess
-def _env():
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", SOURCE_DATE_EPOCH="1700000000",
-                TQDM_DISABLE="1", MPLBACKEND="Agg")
-
-
-def _lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
-
-
-def _kill_when(out: Path, resume: bool, ledger: str, lines: int, timeout: float = 120):
-    """Start the CLI, SIGKILL it once ``ledger`` has ``lines`` lines; where did it land?"""
-    cmd = [sys.executable, "-m", "privkit.cli", *ARGV, "--out", str(out)]
-    proc = subprocess.Popen(cmd + (["--resume"] if resume else []), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    end = time.monotonic() + timeout
-    try:
-        while _lines(out / ledger) < lines and proc.poll() is None and time.monotonic() < end:
-            time.sleep(0.001)
-        assert proc.poll() is None, "the run ended before the kill"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert b"Traceback" not in proc.stderr.read()
-    led = Ledger.open(out / ledger)  # every hash chain verifies
-    alg = ledger.split("-")[1].split(".")[0]
-    ck = out / "checkpoints" / alg
-    if not (ck / "LATEST").exists():
-        return "before the first checkpoint", led
-    state = json.loads((ck / (ck / "LATEST").read_text() / "state.json").read_text())
-    return ("between a charge and its checkpoint" if state["ledger_pointer"]["seq"]
-            < led.head().seq else "at a checkpoint"), led
-
-
 def test_sigkill_then_resume_is_bitwise_equal(tmp_path, capsys, reference):
     """Kill the CLI in DP-REC, then in DP-FedAvg (resumed), then resume to the end."""
     out = tmp_path / "run"
     t0 = time.monotonic()
     # DP-REC charges about 5 ledger lines a round: stop in round 4 (after the checkpoint
     # at 2); DP-FedAvg charges 6 lines a round: stop in round 3
-    where1, led1 = _kill_when(out, False, "ledger-dprec.jsonl", 1 + 17)
+    where1, led1 = kill_when(ARGV, out, False, "ledger-dprec.jsonl", 1 + 17)
     eps1 = led1.epsilons()
-    where2, _ = _kill_when(out, True, "ledger-dpfedavg.jsonl", 1 + 13)
+    where2, _ = kill_when(ARGV, out, True, "ledger-dpfedavg.jsonl", 1 + 13)
     eps2 = Ledger.open(out / "ledger-dprec.jsonl").epsilons()
     assert all(eps2[c] >= e for c, e in eps1.items())  # spend never decreases
     assert main(ARGV + ["--out", str(out), "--resume"]) == 0

@@ -7,15 +7,11 @@ and older ledgers are refused.
 """
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from _sigkill import kill_when
 
 import fl_examples.mapa as mapa_mod
 import privkit
@@ -25,7 +21,6 @@ from privkit.cli import main
 from privkit.errors import LedgerMismatchError, LedgerRollbackError
 from privkit.ledger import Ledger
 
-ROOT = Path(privkit.__file__).resolve().parents[1]
 WALL = frozenset({"wall_time_s", "client_compute_s"})  # the only wall-clock fields
 BASE = dict(dataset="digits", edges=8, batch=16, updates=120, eval_every=20, seed=3,
             checkpoint_every=15, epsilon=(1.0, 2.0) * 4)
@@ -218,46 +213,6 @@ ARGV = ["train", "mapa", "--algorithms", "mapa,audp", "--dataset", "digits", "--
         "--tau-max", "6", "--checkpoint-every", "15", "--seed", "3"]
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", SOURCE_DATE_EPOCH="1700000000",
-                TQDM_DISABLE="1", MPLBACKEND="Agg")
-
-
-def _lines(path):
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
-
-
-def _kill_when(out, resume, ledger, lines, timeout=120):
-    """Start the CLI, SIGKILL it once ``ledger`` has ``lines`` lines; where did it land?"""
-    cmd = [sys.executable, "-m", "privkit.cli", *ARGV, "--out", str(out)]
-    proc = subprocess.Popen(cmd + (["--resume"] if resume else []), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    end = time.monotonic() + timeout
-    try:
-        while _lines(out / ledger) < lines and proc.poll() is None and time.monotonic() < end:
-            time.sleep(0.002)
-        assert proc.poll() is None, "the run ended before the kill"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert b"Traceback" not in proc.stderr.read()
-    led = Ledger.open(out / ledger)  # every chain verifies
-    alg = ledger.split("-")[1].split(".")[0]
-    ck = out / "checkpoints" / alg
-    if not (ck / "LATEST").exists():
-        return "before the first checkpoint", led
-    ptr = _pointer(out, alg)["seq"]
-    return ("between a charge and its checkpoint" if ptr < led.head().seq
-            else "at a checkpoint"), led
-
-
 def _outcome(out):
     res = {"report": _drop(json.loads((out / "report.json").read_text()))}
     for alg in ("mapa", "audp"):
@@ -275,9 +230,9 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, capsys):
     assert main(ARGV + ["--out", str(ref_out)]) == 0  # in-process: the same code and threads
     capsys.readouterr()
     t0 = time.monotonic()
-    where1, led1 = _kill_when(out, False, "ledger-mapa.jsonl", 70)
+    where1, led1 = kill_when(ARGV, out, False, "ledger-mapa.jsonl", 70)
     eps1 = led1.epsilons()
-    where2, _ = _kill_when(out, True, "ledger-audp.jsonl", 45)
+    where2, _ = kill_when(ARGV, out, True, "ledger-audp.jsonl", 45)
     eps2 = Ledger.open(out / "ledger-mapa.jsonl").epsilons()
     assert all(eps2[c] >= e for c, e in eps1.items())  # spend never decreases
     assert main(ARGV + ["--out", str(out), "--resume"]) == 0

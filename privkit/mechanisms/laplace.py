@@ -30,8 +30,7 @@ import numpy as np
 from privkit import _validate
 from privkit.errors import InvalidParameterError
 from privkit.events import L2LaplaceDpEvent, LaplaceDpEvent
-from privkit.mechanisms.clipping import clip_per_example
-from privkit.mechanisms.gaussian import (
+from privkit.mechanisms._tree import (
     _add_noise,
     _cast_like,
     _check_enum,
@@ -40,6 +39,7 @@ from privkit.mechanisms.gaussian import (
     _no_grad,
     _to_float64,
 )
+from privkit.mechanisms.clipping import clip_per_example
 from privkit.mechanisms.sampling import (
     l2_laplace_noise,
     l2_laplace_variance,

@@ -20,7 +20,7 @@ from privkit import _validate
 from privkit.accountants.objective import objective_step_epsilon
 from privkit.errors import InvalidParameterError
 from privkit.events import ObjectivePerturbationDpEvent
-from privkit.mechanisms.gaussian import _check_noise_scale, _check_tree, _no_grad
+from privkit.mechanisms._tree import _check_noise_scale, _check_tree, _no_grad
 from privkit.mechanisms.sampling import l2_laplace_noise, tree_map
 
 __all__ = ["ObjectivePerturbation"]

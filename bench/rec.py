@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from _timing import best_of  # noqa: E402  (bench/ is on sys.path when run)
 
-from privkit.mechanisms import rec
+from privkit.mechanisms import _rec_stream, rec
 
 
 def _best_of_each(fns: list[Callable[[], object]], repeat: int) -> list[float]:
@@ -76,7 +76,7 @@ def bench_encode(device: str, dim: int, bits: int, repeat: int) -> None:
     def stream() -> None:  # the candidates alone, in the encoder's chunks
         for k0 in range(0, k, kc):
             ks = torch.arange(k0, min(k, k0 + kc), device=device).view(1, -1, 1)
-            rec._block_normals((1, 2), gid, ks, blocks, dim)  # noqa: SLF001
+            _rec_stream._block_normals((1, 2), gid, ks, blocks, dim)  # noqa: SLF001
         _sync(device)
 
     def bare() -> None:

@@ -76,11 +76,8 @@ Examples:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import struct
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,8 +87,24 @@ import numpy as np
 from privkit import _validate
 from privkit._rng import RngKind, SecureRandom, check_rng
 from privkit.accountants.rec import RecDpEvent
-from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError
+from privkit.mechanisms._rec_layout import (
+    SEED_BYTES,
+    _check_grouping,
+    _check_seed,
+    _group_index,
+    _layout_id,
+    _relation,
+    _shape_leaves,
+    _update_leaves,
+)
+from privkit.mechanisms._rec_stream import (
+    _block_normals,
+    _key,
+    _torch,
+    candidate_normals,
+    philox4x64_10,
+)
 from privkit.mechanisms.clipping import clip_l2
 
 __all__ = [
@@ -110,403 +123,15 @@ __all__ = [
 FORMAT = "privkit.rec/1"
 STREAM = "philox4x64_10+bm53"
 MIN_BITS, MAX_BITS = 1, 24
-SEED_BYTES = 16
 
-_MASK32 = (1 << 32) - 1
-_MASK53 = (1 << 53) - 1
-_MASK64 = (1 << 64) - 1
-_PHILOX_M = (0xD2E7470EE14C6C93, 0xCA5A826395121157)
-_PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
-_TWO_PI = 2.0 * math.pi
 #: Candidate-coordinates generated per chunk while encoding, per torch thread (bounds scratch
 #: memory: about 100 bytes each; 2**18 keeps a chunk's int64 words in a core's L2 cache).
 CHUNK_ELEMENTS = 1 << 18
-_GROUPINGS = ("whole", "per-tensor", "per-parameter")
 #: decode computes groups of different sizes in one pass (padded to the widest) when there
 #: are at most this many and the padding at most doubles the work or stays below
 #: _SMALL_DECODE blocks (per-call overhead dominates such small passes).
 _FEW_GROUPS, _SMALL_DECODE = 64, 1 << 14
 _MAGIC = b"PKREC1"
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def _signed(x: int) -> int:
-    """A uint64 value as the int64 with the same bits."""
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-# ------------------------------------------------------------------ the stream
-def _limbs(a: int) -> tuple[int, int, int]:
-    """``(a_s, A1, A0)``: ``a`` as a signed int64 value and its signed 32-bit limbs,
-    ``a_s = A1 * 2**32 + A0`` with ``-2**31 <= A0 < 2**31``."""
-    a_s = _signed(a)
-    a0 = ((a_s + (1 << 31)) & _MASK32) - (1 << 31)
-    return a_s, (a_s - a0) >> 32, a0
-
-
-_LIMBS = {m: _limbs(m) for m in _PHILOX_M}
-
-
-def _check_limbs() -> None:
-    """:func:`_mulhilo`'s int64 intermediates are exact for the Philox multipliers: with
-    ``|B0| < 2**32`` and ``|B1| <= 2**31``, ``|A0 B0| < 2**63`` and the middle sum
-    ``|A1 B0| + |A0 B1| + 2**31 < 2**63`` (both multipliers have |A1| < 2**30)."""
-    for a, (_, a1, a0) in _LIMBS.items():
-        if not (abs(a0) << 32 < 1 << 63
-                and (abs(a1) << 32) + (abs(a0) << 31) + (1 << 31) < 1 << 63):
-            raise RuntimeError(f"Philox multiplier {a:#x}: limbs overflow int64")
-
-
-_check_limbs()
-
-
-class _Pool:
-    """Free int64 scratch tensors by shape: the Philox rounds reuse them instead of allocating."""
-
-    def __init__(self) -> None:
-        self._free: dict[Any, list[Any]] = {}
-
-    def take(self, like: Any) -> Any:
-        """A scratch tensor shaped like ``like`` (contents undefined)."""
-        free = self._free.get((like.shape, like.device))
-        return free.pop() if free else _torch().empty(like.shape, dtype=like.dtype,
-                                                      device=like.device)
-
-    def give(self, t: Any) -> None:
-        self._free.setdefault((t.shape, t.device), []).append(t)
-
-
-def _mulhilo(a: int, b: Any, pool: _Pool | None = None, own: bool = False) -> tuple[Any, Any]:
-    """(hi, lo) 64-bit words of the 128-bit product of the Philox multiplier ``a`` and ``b``.
-
-    ``b`` is an int64 tensor of uint64 bit patterns or a Python int; words come back in the
-    same form. ``lo`` is one wrapping int64 product. For ``hi``, with the signed limbs
-    ``a_s = A1 2**32 + A0`` (:func:`_limbs`) and ``b_s = B1 2**32 + B0`` (``B1 = b >> 32``
-    arithmetic, ``B0 = b & (2**32 - 1)``), every partial product and the middle sum fit in
-    int64 exactly (:func:`_check_limbs`), so
-    ``floor(a_s b_s / 2**64) = A1 B1 + ((A1 B0 + A0 B1 + ((A0 B0) >> 32)) >> 32)``, and the
-    unsigned high word is that plus ``b_s`` (as ``a_s < 0``) plus ``a_s`` where ``b_s < 0``,
-    modulo 2**64: 16 elementwise operations. Scratch comes from ``pool``; with ``own`` the
-    caller gives up ``b``, which becomes ``lo`` in place.
-    """
-    if isinstance(b, int):
-        p = a * (b & _MASK64)
-        return _signed(p >> 64), _signed(p)
-    torch = _torch()
-    pool = pool or _Pool()
-    a_s, a1, a0 = _LIMBS[a]
-    b0, b1, p = pool.take(b), pool.take(b), pool.take(b)
-    torch.bitwise_and(b, _MASK32, out=b0)
-    torch.bitwise_right_shift(b, 32, out=b1)
-    torch.mul(b0, a0, out=p)
-    p >>= 32
-    b0 *= a1
-    b0 += p
-    torch.mul(b1, a0, out=p)
-    b0 += p
-    b0 >>= 32
-    b1 *= a1
-    b1 += b0  # floor(a_s b_s / 2**64)
-    if a_s < 0:
-        b1 += b
-    torch.bitwise_right_shift(b, 63, out=p)  # all ones where b_s < 0
-    p &= a_s
-    b1 += p
-    pool.give(b0)
-    if own:
-        pool.give(p)
-        return b1, b.mul_(a_s)
-    torch.mul(b, a_s, out=p)
-    return b1, p
-
-
-def _holds(big: Any, small: Any) -> bool:
-    """Whether a tensor of shape ``big`` can hold ``op(big, small)`` in place (broadcasting)."""
-    return len(small) <= len(big) and all(
-        b == a or b == 1 for a, b in zip(reversed(big), reversed(small)))
-
-
-def _xor3(h: Any, c: Any, k: int, pool: _Pool, own: bool) -> Any:
-    """``h ^ c ^ k``; ``h`` (a fresh :func:`_mulhilo` word) holds the result in place when
-    it can. ``c`` is not modified; with ``own`` it goes back to ``pool`` afterwards."""
-    ks = _signed(k)
-    if isinstance(c, int):
-        if isinstance(h, int):
-            return _signed(h ^ c ^ ks)
-        h ^= _signed(c ^ ks)
-        return h
-    if isinstance(h, int):
-        return c ^ _signed(h ^ ks)
-    if _holds(h.shape, c.shape):
-        h ^= c
-    else:
-        h = h ^ c
-    if own:
-        pool.give(c)
-    h ^= ks
-    return h
-
-
-def philox4x64_10(counter: Sequence[Any], key: tuple[int, int]) -> list[Any]:
-    """Philox4x64-10 of counters ``(c0, c1, c2, c3)`` under a 128-bit key.
-
-    Words are uint64 values held as int64 bit patterns: each counter word is an int64 tensor
-    or a Python int, and the tensors broadcast against each other (a word that depends on
-    fewer indices is computed on fewer elements; the caller's tensors are not modified).
-    Returns the 4 output words, tensors of the broadcast shape (Python ints if every input is
-    an int). Matches Random123's KAT: counter 0, key 0 gives 16554d9eca36314c
-    db20fe9d672d0fdc d7e772cee186176b 7e68b68aec7ba23b.
-
-    Examples:
-        >>> import torch
-        >>> z = torch.zeros(1, dtype=torch.int64)
-        >>> [hex(int(w) & (2**64 - 1)) for w in philox4x64_10([z, z, z, z], (0, 0))][0]
-        '0x16554d9eca36314c'
-    """
-    c0, c1, c2, c3 = (_signed(int(c)) if isinstance(c, (int, np.integer)) else c
-                      for c in counter)
-    k0, k1 = key
-    pool = _Pool()
-    for r in range(10):
-        if r:
-            k0, k1 = (k0 + _PHILOX_W[0]) & _MASK64, (k1 + _PHILOX_W[1]) & _MASK64
-        own = r > 0  # after round 0 every word is this function's own scratch
-        hi0, lo0 = _mulhilo(_PHILOX_M[0], c0, pool, own)
-        hi1, lo1 = _mulhilo(_PHILOX_M[1], c2, pool, own)
-        c0, c1, c2, c3 = _xor3(hi1, c1, k0, pool, own), lo1, _xor3(hi0, c3, k1, pool, own), lo0
-    return [c0, c1, c2, c3]
-
-
-def _key(seed: bytes) -> tuple[int, int]:
-    return int.from_bytes(seed[:8], "little"), int.from_bytes(seed[8:16], "little")
-
-
-def _uniform53(w: Any) -> Any:
-    """``((w >> 11) + 0.5) * 2**-53`` in float64 (logical shift), in (0, 1); ``w`` (a
-    Philox output word) is overwritten."""
-    torch = _torch()
-    w >>= 11
-    w &= _MASK53
-    return w.to(torch.float64).add_(0.5).mul_(2.0**-53)
-
-
-def _box_muller(w0: Any, w1: Any, *, sine: bool = True) -> tuple[Any, Any]:
-    """Box-Muller of the word pair: ``(r cos t, r sin t)`` with ``r = sqrt(-2 ln x0)``,
-    ``t = 2 pi x1`` (float64; the sine is skipped when ``sine`` is False)."""
-    torch = _torch()
-    r = torch.log(_uniform53(w0)).mul_(-2.0).sqrt_()
-    t = _uniform53(w1).mul_(_TWO_PI)
-    z0 = torch.cos(t).mul_(r)
-    return z0, (t.sin_().mul_(r) if sine else None)
-
-
-def _block_normals(key: tuple[int, int], g: Any, k: Any, blocks: int, used: int) -> list[Any]:
-    """Normals of blocks ``j = 1..blocks`` of candidates ``(g, k)``: 4 float64 tensors of the
-    broadcast shape of ``g``, ``k`` and the blocks (last axis); tensor ``i`` holds normal
-    ``4 (j - 1) + i`` of each candidate. ``used`` (normals needed per candidate) skips the
-    transforms of a one-block candidate's unused words (those entries are None)."""
-    torch = _torch()
-    shape = (1,) * (max(g.dim(), k.dim()) - 1) + (blocks,)
-    j = torch.arange(1, blocks + 1, dtype=torch.int64, device=g.device).view(shape)
-    w = philox4x64_10([j, 0, g, k], key)
-    need = 4 if blocks > 1 else used
-    z0, z1 = _box_muller(w[0], w[1], sine=need >= 2)
-    z2, z3 = _box_muller(w[2], w[3], sine=need >= 4) if need >= 3 else (None, None)
-    return [z0, z1, z2, z3]
-
-
-def candidate_normals(seed: bytes, groups: Any, candidates: Any, dim: int, *,
-                      device: Any = "cpu") -> Any:
-    """Standard normals of candidates ``(g, k)``: shape ``(n, dim)``, float64, on ``device``.
-
-    ``groups`` and ``candidates`` are equal-length 1-D integer sequences or tensors (group g,
-    candidate k for each row). Row i is ``xi_{k_i}`` of group ``g_i`` (the message format's
-    stream); the candidate is ``stddev`` times it. Cost O(n * dim), whatever the k.
-
-    Examples:
-        >>> seed = (0x0123456789abcdef).to_bytes(8, "little") + \\
-        ...        (0xfedcba9876543210).to_bytes(8, "little")
-        >>> [round(v, 12) for v in candidate_normals(seed, [0], [5], 2)[0].tolist()]
-        [-1.457720897711, -0.398638729424]
-    """
-    torch = _torch()
-    dev = torch.device(device)
-    g = torch.as_tensor(groups, dtype=torch.int64, device=dev).reshape(-1)
-    k = torch.as_tensor(candidates, dtype=torch.int64, device=dev).reshape(-1)
-    if g.shape != k.shape:
-        raise InvalidParameterError("candidates", tuple(k.shape), f"of shape {tuple(g.shape)}")
-    d = _validate.positive_int("dim", dim)
-    blocks = (d + 3) // 4
-    n = g.shape[0]
-    z = _block_normals(_key(seed), g[:, None], k[:, None], blocks, 4)
-    return torch.stack(z, dim=-1).reshape(n, 4 * blocks)[:, :d]
-
-
-# ------------------------------------------------------------------ layout helpers
-def _is_shape(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Size):
-        return True
-    return isinstance(x, (tuple, list)) and all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x)
-
-
-def _shape_leaves(shapes: Any) -> tuple[list[tuple[str, tuple[int, ...]]], Any]:
-    """((path, shape) leaves, structure) of a shape tree (dict, list/tuple of shapes, shape)."""
-    if _is_shape(shapes):
-        shape = tuple(int(v) for v in shapes)
-        if any(v < 0 for v in shape):
-            raise InvalidParameterError("shapes", shapes, "non-negative dimensions")
-        return [("", shape)], None
-    if isinstance(shapes, Mapping):
-        out, keys = [], []
-        for key, sub in shapes.items():
-            if not _is_shape(sub):
-                raise InvalidParameterError(f"shapes[{key!r}]", sub, "a shape (tuple of ints)")
-            out.append((str(key), tuple(int(v) for v in sub)))
-            keys.append(key)
-        return out, ("dict", keys)
-    if isinstance(shapes, (list, tuple)):
-        out = []
-        for i, sub in enumerate(shapes):
-            if not _is_shape(sub):
-                raise InvalidParameterError(f"shapes[{i}]", sub, "a shape (tuple of ints)")
-            out.append((str(i), tuple(int(v) for v in sub)))
-        return out, ("list", len(shapes))
-    raise InvalidParameterError("shapes", shapes, "a shape, a dict of shapes or a list of shapes")
-
-
-def _update_leaves(update: Any) -> tuple[list[Any], Any, list[tuple[str, tuple[int, ...]]]]:
-    """(leaves, structure, (path, shape) list) of an update tree."""
-    torch = sys.modules.get("torch")
-
-    def is_leaf(x: Any) -> bool:
-        return isinstance(x, np.ndarray) or (torch is not None and isinstance(x, torch.Tensor))
-
-    if is_leaf(update):
-        return [update], None, [("", tuple(update.shape))]
-    if isinstance(update, Mapping):
-        items = list(update.items())
-        struct_: Any = ("dict", [k for k, _ in items])
-    elif isinstance(update, (list, tuple)):
-        items = [(str(i), v) for i, v in enumerate(update)]
-        struct_ = ("list", len(items))
-    else:
-        raise InvalidParameterError("update", type(update).__name__,
-                                    "a torch tensor, numpy array, or a dict/list of them")
-    leaves, shapes = [], []
-    for key, leaf in items:
-        if not is_leaf(leaf):
-            raise InvalidParameterError(f"update[{key!r}]", type(leaf).__name__,
-                                        "a torch tensor or numpy array")
-        leaves.append(leaf)
-        shapes.append((str(key), tuple(leaf.shape)))
-    if not leaves:
-        raise InvalidParameterError("update", "an empty tree", "at least one coordinate")
-    return leaves, struct_, shapes
-
-
-def _check_grouping(groups: Any) -> str:
-    if isinstance(groups, str):
-        name = groups.strip().lower()
-        if name == "per-layer":
-            name = "per-tensor"
-        if name in _GROUPINGS:
-            return name
-        if name.startswith("chunks:"):
-            try:
-                size = int(name.split(":", 1)[1])
-            except ValueError:
-                size = 0
-            if size >= 1:
-                return f"chunks:{size}"
-        raise InvalidParameterError(
-            "groups", groups, "whole, per-tensor (per-layer), per-parameter, chunks:N, an int "
-            "chunk size, or a sequence of index arrays partitioning the coordinates")
-    if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
-        if groups >= 1:
-            return f"chunks:{int(groups)}"
-        raise InvalidParameterError("groups", groups, "a chunk size >= 1")
-    return "explicit"
-
-
-def _group_index(grouping: str, groups: Any, leaf_sizes: Sequence[int]) -> list[Any]:
-    """The groups as index lists: a (start, stop) range or an int64 index array each."""
-    d = int(sum(leaf_sizes))
-    if d == 0:
-        raise InvalidParameterError("update", "0 coordinates", "at least one coordinate")
-    if grouping == "whole":
-        return [(0, d)]
-    if grouping == "per-tensor":
-        out, start = [], 0
-        for s in leaf_sizes:
-            if s:
-                out.append((start, start + s))
-            start += s
-        return out
-    if grouping == "per-parameter":
-        return [(i, i + 1) for i in range(d)]
-    if grouping.startswith("chunks:"):
-        size = int(grouping.split(":", 1)[1])
-        return [(s, min(s + size, d)) for s in range(0, d, size)]
-    if groups is None:
-        raise InvalidParameterError("groups", None, "the explicit index sets this message "
-                                    "was encoded with")
-    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
-        raise InvalidParameterError("groups", groups, "a non-empty sequence of index arrays")
-    explicit: list[Any] = []
-    seen = np.zeros(d, dtype=np.int64)
-    for i, idx in enumerate(groups):
-        arr = np.asarray(idx)
-        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
-            raise InvalidParameterError(f"groups[{i}]", idx, "a non-empty 1-D integer array")
-        if arr.min() < 0 or arr.max() >= d:
-            raise InvalidParameterError(f"groups[{i}]", idx, f"indices in [0, {d})")
-        np.add.at(seen, arr, 1)
-        explicit.append(arr.astype(np.int64))
-    if not (seen == 1).all():
-        bad = int(np.flatnonzero(seen != 1)[0])
-        raise InvalidParameterError(
-            "groups", f"coordinate {bad} in {int(seen[bad])} groups",
-            f"a partition of the {d} coordinates (each in exactly one group)")
-    return explicit
-
-
-def _layout_id(shapes: Sequence[tuple[str, tuple[int, ...]]], grouping: str,
-               groups: list[Any]) -> str:
-    body: dict[str, Any] = {"shapes": [[p, list(s)] for p, s in shapes], "grouping": grouping}
-    if grouping == "explicit":
-        body["groups"] = hashlib.sha256(b"".join(
-            np.ascontiguousarray(g, dtype="<i8").tobytes() + b"|" for g in groups)).hexdigest()
-    raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
-
-
-def _check_seed(seed: Any) -> bytes:
-    if isinstance(seed, (bytes, bytearray)):
-        if len(seed) != SEED_BYTES:
-            raise InvalidParameterError("seed", f"{len(seed)} bytes", f"{SEED_BYTES} bytes")
-        return bytes(seed)
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        s = int(seed)
-        if 0 <= s < 1 << 128:
-            return s.to_bytes(SEED_BYTES, "little")
-    raise InvalidParameterError("seed", seed, "None, 16 bytes, or an int in [0, 2**128)")
-
-
-def _relation(value: Any) -> Any:
-    if isinstance(value, NeighboringRelation):
-        return value
-    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
-        return NeighboringRelation[value.upper()]
-    raise InvalidParameterError("neighboring_relation", value,
-                                "REPLACE_ONE or ADD_OR_REMOVE_ONE")
 
 
 # ------------------------------------------------------------------ the message

@@ -10,7 +10,7 @@ from scipy import special, stats
 
 from privkit import SecureRandom
 from privkit.errors import InvalidParameterError
-from privkit.mechanisms import rec
+from privkit.mechanisms import _rec_stream, rec
 
 
 @pytest.fixture(autouse=True)
@@ -93,12 +93,12 @@ def test_mulhilo_is_the_exact_128_bit_product(a):
                                                                    dtype=np.uint64)]
     t = torch.tensor([_i64(x) for x in b])
     before = t.clone()
-    hi, lo = rec._mulhilo(a, t)
+    hi, lo = _rec_stream._mulhilo(a, t)
     assert torch.equal(t, before)  # the caller's words are not modified
     want = [a * x for x in b]
     assert [int(v) & M64 for v in hi] == [w >> 64 for w in want]
     assert [int(v) & M64 for v in lo] == [w & M64 for w in want]
-    assert rec._mulhilo(a, b[7]) == (_i64(want[7] >> 64), _i64(want[7] & M64))
+    assert _rec_stream._mulhilo(a, b[7]) == (_i64(want[7] >> 64), _i64(want[7] & M64))
 
 
 def test_philox_broadcasts_and_leaves_its_inputs_alone():
@@ -123,7 +123,7 @@ def test_the_encoders_chunk_normals_are_the_decoders_candidates(size):
     blocks = (size + 3) // 4
     g = torch.tensor([1, 4]).view(2, 1, 1)
     ks = torch.arange(3, 40).view(1, -1, 1)
-    z = rec._block_normals(rec._key(SEED), g, ks, blocks, size)
+    z = _rec_stream._block_normals(_rec_stream._key(SEED), g, ks, blocks, size)
     assert sum(x is not None for x in z) == min(size, 4)  # unused words are not transformed
     z = [torch.zeros_like(z[0]) if x is None else x for x in z]
     grid = torch.stack(z, dim=-1).reshape(2, ks.numel(), 4 * blocks)[:, :, :size]
@@ -177,13 +177,13 @@ def test_decode_in_another_process_is_bit_exact():
 
 def test_decode_cost_does_not_depend_on_the_index(monkeypatch):
     seen = []
-    real = rec.philox4x64_10
+    real = _rec_stream.philox4x64_10
 
     def spy(counter, key):
         seen.append(int(counter[0].numel()))
         return real(counter, key)
 
-    monkeypatch.setattr(rec, "philox4x64_10", spy)
+    monkeypatch.setattr(_rec_stream, "philox4x64_10", spy)
     base = rec.encode(np.array([0.1, 0.2, 0.3]), l2_clip_norm=1.0, stddev=1.0, bits=12,
                       groups="whole", seed=SEED, rng=np.random.default_rng(0))
     for k in (0, (1 << 12) - 1):

@@ -1,7 +1,7 @@
 """Statistical audits: real mechanisms pass, 0.8x-noise doubles fail; CLI contract.
 
 Seeds are fixed, so every run here is deterministic. The power and false-failure
-rates behind the chosen trial counts are in privkit/audit.py's module docstring
+rates behind the chosen trial counts are in privkit/audit/__init__.py's module docstring
 (measured over fresh seeds, not re-run here).
 """
 
@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from privkit import audit as A
+from privkit.audit import dp as audit_dp
+from privkit.audit import result as audit_result
 from privkit.cli import main
 from privkit.errors import InvalidParameterError, NumericalError
 
@@ -74,16 +76,16 @@ def test_objective_claim_and_setup():
 
 
 def test_objective_minimiser_is_exact():
-    a0, a1 = A._glm_data()
+    a0, a1 = audit_dp._glm_data()
     assert np.all(np.abs(a0) <= 1) and a0[0] == 1 and a1[0] == -1 and np.all(a0[1:] == a1[1:])
     n = np.random.default_rng(0).laplace(0, 1 / 50, 1000)
     for a in (a0, a1):
-        w = A._solve_perturbed(a, n)
+        w = audit_dp._solve_perturbed(a, n)
         z = np.multiply.outer(w, a)
         grad = -(a * (1 / (1 + np.exp(-20 * (1 - z))))).mean(axis=1) + 10 * w + n
         assert np.max(np.abs(grad)) < 1e-13
     # Flipping one label moves the minimiser by 2 u1 / (|D| mu), the full Thm C.2 shift.
-    diff = A._solve_perturbed(a0, n) - A._solve_perturbed(a1, n)
+    diff = audit_dp._solve_perturbed(a0, n) - audit_dp._solve_perturbed(a1, n)
     assert np.allclose(diff, 2 / (100 * 10), rtol=1e-6)
 
 
@@ -148,7 +150,7 @@ def test_non_additive_noise_is_refused():
         return 2.0 * g.standard_normal(1) + 1.0  # noise depends on the input
 
     with pytest.raises(NumericalError, match="additive"):
-        A._measured_difference(a, b, np.random.default_rng(0), "test")
+        audit_result._measured_difference(a, b, np.random.default_rng(0), "test")
 
 
 @pytest.mark.parametrize("kwargs,name", [

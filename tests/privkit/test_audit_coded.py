@@ -1,6 +1,6 @@
 """The coded-data (SCFL) MI-DP audit: the real mechanism passes, its 0.8x-noise mutant fails.
 
-Setting (privkit/audit.py): d = 1, c = 64, rho = 1, sigma = 2; claim (Theorem F) 0.16805 nats.
+Setting (privkit/audit/coded.py): d = 1, c = 64, rho = 1, sigma = 2; claim (Theorem F) 0.16805 nats.
 Measured over fresh seeds at 2e4 draws per record value per half (the tests' setting): the real
 mechanism's lower bound stayed <= 0.115 nats (0/50 failures) and the 0.8x mutant's >= 0.19
 (50/50 detections); see the audit module's table for 1e5.

@@ -1,6 +1,6 @@
 """The REC audit: the real mechanism passes, 0.8x-noise and 4x-sharper-target mutants fail.
 
-Setting (privkit/audit.py): K = 64, c = C/sigma = 0.5 per one-coordinate group, claim
+Setting (privkit/audit/rec.py): K = 64, c = C/sigma = 0.5 per one-coordinate group, claim
 D_2 <= 1.0225; statistic: the view's log-likelihood ratio, binned. Measured over fresh seeds
 (the module's table): at 1e5 draws the real mechanism's lower bound stayed below the claim and
 the 0.8x-noise mutant's above it; at 2000-4000 draws (too few for 0.8x) the 4x mutant is caught.

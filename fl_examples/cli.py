@@ -1,7 +1,10 @@
-"""``privkit train ...`` and the trainer part of ``privkit demo``.
+"""The bundled trainers' ``privkit`` subcommands: ``train``, ``report``, the rest of ``demo``.
 
-privkit's CLI imports this module lazily, so ``import privkit`` never imports the
-trainers (or torch).
+privkit never imports this module. ``pyproject.toml`` registers the commands below in the
+entry-point group ``privkit.commands`` (``train = "fl_examples.cli:TRAIN"``, ...), and privkit's
+CLI loads them by name when it builds its parser, so the import arrow points from the trainers
+down to the library. Each entry point is a :class:`Command`. Building the parser stays fast:
+nothing here imports torch or a trainer until a command runs.
 """
 
 from __future__ import annotations
@@ -9,9 +12,30 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["add_train_parser", "run_train", "demo_trainers", "add_report_parser", "run_report"]
+__all__ = ["Command", "TRAIN", "REPORT", "DEMO", "DEFAULT_THREADS", "add_train_parser",
+           "run_train", "set_threads", "demo_trainers", "add_report_parser", "run_report"]
+
+DEFAULT_THREADS = 1
+"""torch CPU threads of every ``privkit train`` command unless ``--threads`` says otherwise."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand that privkit's CLI discovers through the ``privkit.commands`` group.
+
+    Attributes:
+        add_parser: ``add_parser(subparsers, parser_class)`` registers the subcommand (its name
+            is the entry point's) on privkit's subparsers; None for ``demo``, whose parser is
+            privkit's own.
+        run: ``run(args) -> int``, the exit status (0 on success).
+    """
+
+    add_parser: Callable[[Any, Any], None] | None
+    run: Callable[[argparse.Namespace], int]
 
 
 def add_report_parser(sub: Any, parser_class: Any) -> None:
@@ -36,11 +60,10 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
     for module in command_modules():
         p = tsub.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(p)
-        default = getattr(module, "DEFAULT_THREADS", None)
-        p.add_argument("--threads", type=float, default=default,
-                       help="CPU threads for torch during the run (default: "
-                            + ("torch's own choice" if default is None else str(default))
-                            + "); 1 is fastest for small models on a busy machine")
+        p.add_argument("--threads", type=float, default=DEFAULT_THREADS,
+                       help=f"CPU threads for torch during the run (default {DEFAULT_THREADS}: "
+                            "the bundled models are small, and on a busy machine more threads "
+                            "only contend; N > 1 raises it)")
         p.set_defaults(_train_command=module.run)
 
 
@@ -82,7 +105,22 @@ def demo_trainers(out: str) -> None:
     print("\nUpcycled-FL vs FedProx vs FedAvg on Synthetic(0.5,0.5), 30 devices, fraction 0.3, "
           "90% stragglers,\nmu=1, lambda=0.43, 40/20/20 iterations (the paper runs 160/80/80):")
     t0 = time.perf_counter()
-    set_threads(1)
+    set_threads(DEFAULT_THREADS)
     res = train(cfg, compare=("fedprox", "fedavg"), out=out)
     print(final_table(res))
     print(f"({time.perf_counter() - t0:.0f} s; report and plots in {out}/)", file=sys.stdout)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    demo_trainers(args.out)
+    return 0
+
+
+TRAIN = Command(add_train_parser, run_train)
+"""``privkit train <trainer> ...``."""
+
+REPORT = Command(add_report_parser, run_report)
+"""``privkit report tradeoff RUN_DIRS...``."""
+
+DEMO = Command(None, _run_demo)
+"""The trainer part of ``privkit demo`` (after privkit's own epsilon table)."""

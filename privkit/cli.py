@@ -1,13 +1,20 @@
-"""The ``privkit`` command line: epsilon, calibrate, midp, demo, audit.
+"""The ``privkit`` command line: epsilon, calibrate, midp, demo, audit (and train, report).
 
 Errors in arguments print one line naming the argument and exit with status 2.
 With ``--json`` stdout is exactly one JSON object. ``privkit audit`` exits with
 status 0 when the audit passed and 1 when it found a violation.
+
+``train`` and ``report`` (and the training part of ``demo``) come from the bundled trainers,
+which privkit never imports: they register themselves in the entry-point group
+``privkit.commands`` (see :data:`COMMAND_GROUP`), and this module loads whatever is registered
+there. Without the trainers' dependencies those commands print one line saying which extra to
+install and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 import time
@@ -21,7 +28,20 @@ from privkit.accountants.calibration import calibrate_noise_multiplier
 from privkit.errors import InvalidParameterError, PrivkitError
 from privkit.events import gaussian_steps_event, pure_steps_event
 
-__all__ = ["main"]
+__all__ = ["main", "COMMAND_GROUP", "EXAMPLES_INSTALL"]
+
+COMMAND_GROUP = "privkit.commands"
+"""Entry-point group of the subcommands other packages add (the bundled trainers: ``train``,
+``report`` and ``demo``). Each entry point loads to an object with ``add_parser(subparsers,
+parser_class)`` (None for ``demo``) and ``run(args) -> int``."""
+
+EXAMPLES_INSTALL = "pip install 'privkit[examples]'"
+"""What to run when a command needs the bundled trainers."""
+
+#: Commands whose parser and implementation come from :data:`COMMAND_GROUP` (with the help
+#: shown when they are missing).
+_PLUGIN_COMMANDS = {"train": "run a bundled FL trainer", "report": "summaries across "
+                    "finished runs"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +67,29 @@ def _methods() -> list[str]:
     return [m.value for m in Method]
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _load_commands() -> dict[str, Any]:
+    """name -> the loaded entry point of :data:`COMMAND_GROUP`, or the ImportError loading
+    it raised (the trainers' dependencies are not installed)."""
+    found: dict[str, Any] = {}
+    for ep in importlib.metadata.entry_points(group=COMMAND_GROUP):
+        try:
+            found[ep.name] = ep.load()
+        except ImportError as exc:
+            found[ep.name] = exc
+    return found
+
+
+def _needs_examples(command: str, exc: BaseException | None = None) -> int:
+    """One line on stderr: ``command`` needs the bundled trainers' extra; exit status 2."""
+    missing = getattr(exc, "name", None)
+    detail = f" (missing module {missing!r})" if missing else ""
+    print(f"privkit: {command!r} needs the bundled trainers: {EXAMPLES_INSTALL}{detail}",
+          file=sys.stderr)
+    return 2
+
+
+def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    commands = _load_commands() if commands is None else commands
     p = _Parser(prog="privkit", description="Differential privacy for federated learning.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -86,11 +128,13 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="where the demo run writes its report")
     demo.add_argument("--no-train", action="store_true", help="only the epsilon table")
 
-    # Trainers live in fl_examples; only their argument definitions are imported here.
-    from fl_examples import cli as fl_cli
-
-    fl_cli.add_train_parser(sub, _Parser)
-    fl_cli.add_report_parser(sub, _Parser)
+    for name, help_text in _PLUGIN_COMMANDS.items():
+        command = commands.get(name)
+        if command is None or isinstance(command, BaseException):
+            sub.add_parser(name, help=f"{help_text} (needs {EXAMPLES_INSTALL})",
+                           description=f"Needs the bundled trainers: {EXAMPLES_INSTALL}")
+        else:
+            command.add_parser(sub, _Parser)
 
     au = sub.add_parser(
         "audit", help="statistical audit: empirical lower bound on a mechanism's epsilon",
@@ -173,7 +217,7 @@ def demo_rows() -> list[tuple[str, str, float, str, float]]:
     return rows
 
 
-def _cmd_demo(a: argparse.Namespace) -> None:
+def _cmd_demo(a: argparse.Namespace, commands: dict[str, Any]) -> int:
     rows = demo_rows()
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
@@ -186,22 +230,21 @@ def _cmd_demo(a: argparse.Namespace) -> None:
         last = name
         print(f"{shown:<{w0}}  {method:<{w1}}  {d:>6}  {eps:>10.4f}  {secs * 1e3:>6.1f}ms")
     print("\n'auto' is the tightest valid bound; every number is an upper bound on epsilon.")
-    if not a.no_train:
-        from fl_examples import cli as fl_cli
-
-        fl_cli.demo_trainers(a.out)
-
-
-def _cmd_report(a: argparse.Namespace) -> int:
-    from fl_examples import cli as fl_cli
-
-    return fl_cli.run_report(a)
+    if a.no_train:
+        return 0
+    return _run_command("demo", a, commands)
 
 
-def _cmd_train(a: argparse.Namespace) -> int:
-    from fl_examples import cli as fl_cli
-
-    return fl_cli.run_train(a)
+def _run_command(name: str, a: argparse.Namespace, commands: dict[str, Any]) -> int:
+    """Run the registered command ``name``; one line and status 2 if the trainers (or one of
+    their dependencies) are missing."""
+    command = commands.get(name)
+    if command is None or isinstance(command, BaseException):
+        return _needs_examples(name, command)
+    try:
+        return int(command.run(a) or 0)
+    except ImportError as exc:  # e.g. torch: installed without the examples extra
+        return _needs_examples(name, exc)
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:
@@ -317,13 +360,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns 0 on success, 2 for bad arguments, and for ``audit`` 1 when the
     audit found a violation.
     """
-    parser = _build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = _load_commands()
+    if argv and argv[0] in _PLUGIN_COMMANDS:
+        command = plugins.get(argv[0])
+        if command is None or isinstance(command, BaseException):
+            return _needs_examples(argv[0], command)
+    parser = _build_parser(plugins)
     args = parser.parse_args(argv)
     try:
-        commands = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate, "demo": _cmd_demo,
-                    "audit": _cmd_audit, "train": _cmd_train, "report": _cmd_report,
-                    "midp": _cmd_midp}
-        code = commands[args.command](args)
+        if args.command in _PLUGIN_COMMANDS:
+            code = _run_command(args.command, args, plugins)
+        elif args.command == "demo":
+            code = _cmd_demo(args, plugins)
+        else:
+            handlers = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate,
+                        "audit": _cmd_audit, "midp": _cmd_midp}
+            code = handlers[args.command](args)
     except PrivkitError as exc:
         print(f"privkit: error: {exc}", file=sys.stderr)
         return 2

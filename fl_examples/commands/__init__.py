@@ -3,9 +3,9 @@
 Each module defines ``NAME``, ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and
 ``run(args) -> int``, and imports nothing heavy (torch, the trainer) at module level, so
 building the CLI parser stays fast. :func:`fl_examples.cli.add_train_parser` finds the
-modules here by name; adding a trainer command means adding a module, nothing else. A module
-may set ``DEFAULT_THREADS`` (the default of the ``--threads`` option every command gets; torch's
-own choice when absent).
+modules here by name; adding a trainer command means adding a module, nothing else. Every
+command also gets ``--threads`` (torch CPU threads, default
+:data:`fl_examples.cli.DEFAULT_THREADS`, one).
 """
 
 from __future__ import annotations

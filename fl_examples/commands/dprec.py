@@ -8,7 +8,6 @@ import json
 from fl_examples.commands import nonnegative_int, positive_int
 
 NAME = "dprec"
-DEFAULT_THREADS = 1  # small encoder chunks and local models; more threads spin on a busy machine
 HELP = "DP-REC (relative entropy coding) and DP-FedAvg at the same epsilon"
 DESCRIPTION = ("DP-REC: clipped client updates sent as a seed plus a few bits through relative "
                "entropy coding (the sampling is the privacy noise), with a DP-FedAvg baseline "

@@ -9,7 +9,6 @@ from typing import Any
 from fl_examples.commands import nonnegative_int, positive_int
 
 NAME = "mapa"
-DEFAULT_THREADS = 1  # the per-upload kernels are small; more threads spin on a busy machine
 HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace-style gradient noise"
 DESCRIPTION = ("Asynchronous FL on a deterministic event simulator: edges upload clipped, "
                "noised gradients (pure epsilon-DP each); the cloud applies them FIFO. MAPA "

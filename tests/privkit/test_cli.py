@@ -132,12 +132,64 @@ def test_threads_option_defaults_per_trainer_and_is_restored(tmp_path):
     from privkit.cli import _build_parser
 
     parser = _build_parser()
-    assert parser.parse_args(["train", "mapa", "--out", "x"]).threads == 1
-    assert parser.parse_args(["train", "dprec", "--out", "x"]).threads == 1
-    assert parser.parse_args(["train", "upcycled", "--out", "x"]).threads is None
+    for trainer in ("upcycled", "mapa", "scfl", "dprec"):  # one thread unless --threads
+        assert parser.parse_args(["train", trainer, "--out", "x"]).threads == 1
+    assert parser.parse_args(["train", "scfl", "--out", "x", "--threads", "3"]).threads == 3
     before = torch.get_num_threads()
     seen = []
     args = parser.parse_args(["train", "upcycled", "--out", str(tmp_path), "--threads", "1"])
     args._train_command = lambda a: seen.append(torch.get_num_threads()) or 0
     assert fl_cli.run_train(args) == 0
     assert seen == [1] and torch.get_num_threads() == before
+
+
+# A finder that makes the named top-level packages fail to import, as if not installed.
+_BLOCK = """
+import importlib.abc, sys
+class _Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Missing())
+from privkit.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+@pytest.mark.parametrize("blocked", [("fl_examples",), ("torch",)],
+                         ids=["no-trainers", "no-torch"])
+@pytest.mark.parametrize("argv", [["train", "upcycled", "--iterations", "2"],
+                                  ["report", "tradeoff", "runs"], ["demo"]],
+                         ids=["train", "report", "demo"])
+def test_commands_without_the_examples_extra_print_one_line_and_exit_2(blocked, argv,
+                                                                        tmp_path):
+    if blocked == ("torch",) and argv[0] == "report":
+        argv = ["report", "tradeoff", str(tmp_path)]  # report needs no torch: a real error
+    code = _BLOCK.format(blocked=set(blocked), argv=[*argv, "--out", str(tmp_path / "o")]
+                         if argv[0] != "report" else argv)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(err) == 1
+    if argv[0] == "report" and blocked == ("torch",):
+        assert "privkit[examples]" not in err[0]  # installed: the report's own argument error
+        return
+    assert "pip install 'privkit[examples]'" in err[0] and repr(argv[0]) in err[0]
+    if argv[0] == "demo":
+        assert "epsilon" in proc.stdout  # privkit's own table comes first
+
+
+def test_no_registered_commands_print_one_line_and_exit_2(monkeypatch, capsys):
+    import privkit.cli as cli
+
+    monkeypatch.setattr(cli.importlib.metadata, "entry_points", lambda **kw: [])
+    assert main(["train", "upcycled", "--out", "x"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == (
+        "privkit: 'train' needs the bundled trainers: pip install 'privkit[examples]'")
+    assert main(["demo", "--no-train"]) == 0  # the epsilon table needs no trainer
+    assert main(["epsilon", "pure", "--epsilon", "1", "--steps", "2", "--delta", "1e-5"]) == 0
+    with pytest.raises(SystemExit):
+        main(["--help"])  # the help still lists train and report
+    assert "train" in capsys.readouterr().out

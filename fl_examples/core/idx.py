@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_examples.core.data import (
+from fl_examples.core.dataset import (
     DataFormatError,
     FederatedDataset,
     _rng,

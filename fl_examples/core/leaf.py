@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fl_examples.core.data import (
+from fl_examples.core.dataset import (
     DataFormatError,
     FederatedDataset,
     _rng,

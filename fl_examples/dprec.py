@@ -54,12 +54,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_examples.core import checkpoint
 from fl_examples.core.data import FederatedDataset, Split, digits, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import MultinomialLogReg, num_parameters
-from fl_examples.core.report import progress, write_report
+from fl_examples.core.report import Column, text_table, write_report
 from fl_examples.core.rounds import (
     broadcast,
     evaluate,
@@ -68,13 +67,21 @@ from fl_examples.core.rounds import (
     select,
     to_client_data,
 )
+from fl_examples.core.run import (
+    TrainerRun,
+    adopt_round_charges,
+    check_shared_settings,
+    checkpoint_dir,
+    drive,
+    open_ledger,
+)
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit._journal import canonical_json
 from privkit.accountants import rdp, rules
 from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent, rec_run_event
 from privkit.accountants.rules import NeighboringRelation
-from privkit.errors import InvalidParameterError, LedgerRollbackError
+from privkit.errors import InvalidParameterError
 from privkit.events import (
     GaussianDpEvent,
     SampledWithoutReplacementDpEvent,
@@ -163,18 +170,10 @@ class DPRecConfig:
                                         "per-layer, whole, per-parameter or chunks:N")
         _validate.positive("l2_clip", self.l2_clip)
         _validate.positive("stddev", self.stddev)
-        _validate.positive_int("local_epochs", self.local_epochs)
-        _validate.positive_int("batch_size", self.batch_size)
-        _validate.positive("lr", self.lr)
         _validate.positive("server_lr", self.server_lr)
-        _validate.delta("delta", self.delta)
-        if self.epsilon_budget is not None:
-            _validate.positive("epsilon_budget", self.epsilon_budget)
         if self.dpfedavg_noise is not None:
             _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
-        _validate.nonnegative_int("seed", self.seed)
-        _validate.positive_int("eval_every", self.eval_every)
-        _validate.nonnegative_int("checkpoint_every", self.checkpoint_every)
+        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
@@ -255,7 +254,11 @@ def calibrate_dpfedavg(target: float, cfg: DPRecConfig, num_clients: int) -> flo
 
 
 # ------------------------------------------------------------------ one run
-class _Run:
+class _Run(TrainerRun):
+    """One algorithm's run (:class:`~fl_examples.core.run.TrainerRun`); a step is one round."""
+
+    save_at_end = True  # the end of the run, or its budget stop, is always checkpointed
+
     def __init__(self, algorithm: str, cfg: DPRecConfig, ds: FederatedDataset,
                  ledger: Ledger, z: float | None) -> None:
         self.algorithm, self.cfg, self.ds, self.z = algorithm, cfg, ds, z
@@ -285,6 +288,17 @@ class _Run:
         self.num_groups = len(rec._group_index(  # noqa: SLF001
             rec._check_grouping(cfg.groups), None,  # noqa: SLF001
             [math.prod(s) for s in self.shapes.values()]))
+
+    # -- the run protocol -------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        return self.round
+
+    def finished(self) -> bool:
+        return self.round >= self.cfg.rounds
+
+    def remaining(self) -> int:
+        return self.cfg.rounds - self.round
 
     def draws(self, t: int) -> np.ndarray:
         k = self.cfg.clients_per_round
@@ -424,54 +438,36 @@ class _Run:
         return row
 
     # -- checkpoints ------------------------------------------------------------------------
-    def save(self, directory: Path) -> None:
-        """Checkpoint the round: model, server state (seen seeds, downlink bookkeeping), bit
-        counters, history and the ledger pointer. Every random stream is derived from the
-        seed tree by round, so no generator state is needed."""
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The model, the server state (seen seeds, downlink bookkeeping), bit counters and
+        the DP-FedAvg noise. Every random stream is derived from the seed tree by round, so no
+        generator state is needed."""
         tensors = {f"w.{k}": v for k, v in self.w.items()}
         seeds = b"".join(sorted(self.seen_seeds))
         tensors["seen_seeds"] = torch.frombuffer(bytearray(seeds), dtype=torch.uint8).reshape(
             len(self.seen_seeds), rec.SEED_BYTES) if seeds else torch.zeros(
             (0, rec.SEED_BYTES), dtype=torch.uint8)
-        checkpoint.save(directory, self.round, tensors, {
-            "algorithm": self.algorithm, "config": dataclasses.asdict(self.cfg),
-            "dpfedavg_noise": self.z, "history": self.history, "epsilon_central": self.epsilon,
+        return tensors, {
+            "dpfedavg_noise": self.z, "epsilon_central": self.epsilon,
             "uplink_bits": self.up, "downlink_bits": self.down,
             "uplink_bits_without_seeds": self.up_no_seed, "round_bits": self.round_bits,
             "last_seen": {str(c): r for c, r in sorted(self.last_seen.items())},
             "wall_time_s": self.wall, "client_compute_s": self.compute,
-            "ledger_pointer": self.ledger.head().to_dict(),
-        })
+        }
 
-    def restore(self, directory: Path) -> None:
-        """Load the latest checkpoint and check the ledger against it (:meth:`adopt`).
+    def same_config(self, state: dict[str, Any]) -> bool:
+        return super().same_config(state) and state.get("dpfedavg_noise") == self.z
 
-        Raises:
-            CheckpointError: another algorithm, configuration or DP-FedAvg noise.
-            LedgerMismatchError: the ledger lacks the checkpoint's entry (an older ledger).
-            LedgerRollbackError: the checkpoint is older than the ledger's spend.
-        """
-        tensors, state = checkpoint.load_latest(directory, self.device)
-        if state.get("algorithm") != self.algorithm:
-            raise checkpoint.CheckpointError(
-                f"{directory}: checkpoint is for {state.get('algorithm')!r}, "
-                f"not {self.algorithm!r}")
-        if state.get("config") != dataclasses.asdict(self.cfg) \
-                or state.get("dpfedavg_noise") != self.z:
-            raise checkpoint.CheckpointError(
-                f"{directory}: checkpoint was made with another configuration; resume with "
-                "the same settings or start a new --out")
+    def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
         self.w = {k: tensors[f"w.{k}"] for k in self.shapes}
         self.seen_seeds = {bytes(row) for row in tensors["seen_seeds"].cpu().numpy()}
         self.round = int(state["round"])
-        self.history = list(state["history"])
         self.epsilon = float(state["epsilon_central"])
         self.up, self.down = int(state["uplink_bits"]), int(state["downlink_bits"])
         self.up_no_seed = int(state["uplink_bits_without_seeds"])
         self.round_bits = [int(b) for b in state["round_bits"]]
         self.last_seen = {int(c): int(r) for c, r in state["last_seen"].items()}
         self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
-        self.adopt(LedgerPointer.from_dict(state["ledger_pointer"]))
 
     def adopt(self, pointer: LedgerPointer) -> None:
         """Check the ledger against the state at ``pointer``; never lose or redo spend.
@@ -484,7 +480,8 @@ class _Run:
         with the same draws, seeds, selection and noise (all from the seed tree by round), and
         their charges are not made twice, so the resumed run ends bitwise equal to an
         uninterrupted one. Anything else (charges of a later round, i.e. a newer checkpoint
-        existed, or another run's entries) is a rollback and is refused.
+        existed, or another run's entries) is a rollback and is refused
+        (:func:`~fl_examples.core.run.adopt_round_charges`).
 
         Raises:
             LedgerMismatchError: the ledger has no entry with the pointer's seq and hash (an
@@ -492,55 +489,60 @@ class _Run:
             LedgerRollbackError: spend recorded after the pointer that this state cannot
                 account for.
         """
-        pending = self.ledger.entries_since(pointer)
-        window = self.round + max(self.cfg.checkpoint_every, 1)
         event = canonical_json(event_to_dict(self.local_event()))
-        adopted: dict[int, set[str]] = {}
-        t, i = self.round, 0
-        while i < len(pending):
-            t += 1
-            expected = [(cid, cnt) for cnt, ids in self.charges(t) for cid in ids]
-            for cid, cnt in expected[:len(pending) - i]:
-                e = pending[i]
-                same = (t <= window and e.get("kind") == "spend" and e.get("client_id") == cid
-                        and e.get("count") == cnt and e.get("round") == t
-                        and e.get("run_id") == self.algorithm
-                        and canonical_json(e.get("event")) == event)
-                if not same:
-                    raise LedgerRollbackError(
-                        f"{self.algorithm}: the checkpoint at round {self.round} (ledger seq "
-                        f"{pointer.seq}) is older than the ledger (head seq "
-                        f"{self.ledger.head().seq}): entry {e.get('seq')} is spend that a "
-                        "later state depends on, not a charged but unfinished round of this "
-                        "run; resume from the latest checkpoint and ledger (spend is never "
-                        "rolled back)")
-                adopted.setdefault(t, set()).add(cid)
-                i += 1
-        self.precharged = adopted
+        self.precharged = adopt_round_charges(
+            self.ledger, pointer, run_id=self.algorithm, start=self.round,
+            window=self.round + max(self.cfg.checkpoint_every, 1),
+            charges=lambda t: [(t, cid, cnt, event) for cnt, ids in self.charges(t)
+                               for cid in ids])
+
+    # -- report -----------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """History, privacy and communication sections (and ``_model``, the final parameters,
+        which the report leaves out)."""
+        cfg, algorithm, z = self.cfg, self.algorithm, self.z
+        eps_local = self.ledger.epsilons([str(i) for i in range(self.n)])
+        local = np.array([eps_local[str(i)] for i in range(self.n)])
+        messages = self.round * cfg.clients_per_round
+        privacy: dict[str, Any] = {
+            "delta": cfg.delta, "neighboring_relation": "REPLACE_ONE",
+            "epsilon_central": self.epsilon, "epsilon_mean": float(local.mean()),
+            "epsilon_max": float(local.max()), "per_client": local.tolist(), "proven": True,
+            "method": "rdp", "rounds_run": self.round,
+            "epsilon_per_round": [h["epsilon"] for h in self.history],
+            "central_assumptions": [AMPLIFICATION_ASSUMPTION] if algorithm == "dprec" else
+            ["sampling without replacement whose outcome stays secret; the server adds the "
+             "noise (trusted server or secure aggregation)"],
+            "local_assumptions": ["no amplification: each client's own messages composed"],
+        }
+        if algorithm == "dprec":
+            privacy |= {"mechanism": "rec", "noise_multiplier": cfg.stddev / cfg.l2_clip,
+                        "num_candidates": 1 << cfg.bits, "num_groups": self.num_groups,
+                        "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
+                                 "(Wang-Balle-Kasiviswanathan Thm 9)"}
+        else:
+            assert z is not None
+            privacy |= {"mechanism": "gaussian_sum", "noise_multiplier": z,
+                        "noise_stddev": 2 * cfg.l2_clip * z / cfg.clients_per_round}
+        if self.stopped:
+            privacy["stopped"] = self.stopped
+        comm = {"uplink_bits": self.up, "downlink_bits": self.down,
+                "float32_uplink_bits": FLOAT_BITS * self.d * messages, "messages": messages,
+                "parameters": self.d}
+        if algorithm == "dprec":
+            comm |= {"uplink_bits_without_seeds": self.up_no_seed,
+                     "bits_per_message": (8 * rec.SEED_BYTES + self.num_groups * cfg.bits),
+                     "history_compression": cfg.history_compression}
+        return {"history": self.history, "privacy": privacy, "communication": comm,
+                "_model": {k: v.detach().cpu() for k, v in self.w.items()}}
 
 
 def _open_ledger(algorithm: str, cfg: DPRecConfig, out: Path | None,
                  resume: bool = False) -> Ledger:
     """The run's ledger: ``OUT/ledger-<algorithm>.jsonl``, reopened (never reset) on resume."""
-    population = f"{cfg.dataset}|clients={cfg.clients}|seed={cfg.seed}|{algorithm}"
-    if out is None:
-        return Ledger.create(None, population_id=population, delta=cfg.delta,
-                             neighboring_relation=REPLACE_ONE)
-    path = out / f"ledger-{algorithm}.jsonl"
-    if path.exists():
-        if not resume:
-            raise InvalidParameterError("out", str(out), f"a directory without {path.name} "
-                                        "(the ledger never resets: use a new --out, or "
-                                        "--resume)")
-        led = Ledger.open(path)
-        if led.population_id != population or led.delta != cfg.delta:
-            raise InvalidParameterError(
-                "out", str(out), f"a directory whose {path.name} belongs to this run (it "
-                f"holds population {led.population_id!r}); use a new --out")
-        return led
-    out.mkdir(parents=True, exist_ok=True)
-    return Ledger.create(path, population_id=population, delta=cfg.delta,
-                         neighboring_relation=REPLACE_ONE)
+    return open_ledger(
+        out, algorithm, population_id=f"{cfg.dataset}|clients={cfg.clients}|seed={cfg.seed}|"
+        f"{algorithm}", delta=cfg.delta, resume=resume, neighboring_relation=REPLACE_ONE)
 
 
 def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
@@ -558,78 +560,11 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
         raise InvalidParameterError("algorithm", algorithm, "dprec or dpfedavg")
     if algorithm == "dpfedavg" and z is None:
         raise InvalidParameterError("dpfedavg_noise", None, "given or calibrated")
-    ledger = _open_ledger(algorithm, cfg, out, resume)
-    run = _Run(algorithm, cfg, ds, ledger, z)
-    ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
-    if resume and ckpt_dir is not None and checkpoint.latest_round(ckpt_dir) is not None:
-        run.restore(ckpt_dir)
-    elif resume and ledger.head().seq >= 0:
-        # No checkpoint yet: a crash during the first rounds may have left their charges.
-        try:
-            run.adopt(ledger.origin())
-        except LedgerRollbackError:
-            pass  # an earlier run's spend: kept, and this run charges on top of it
-    if not run.history:
-        run.evaluate()
-    saved = checkpoint.latest_round(ckpt_dir) if ckpt_dir is not None else None
-    interrupted = False
-    bar = progress(cfg.rounds - run.round, desc=algorithm)
-    try:
-        while run.round < cfg.rounds:
-            if not run.step():
-                if run.history[-1]["iteration"] != run.round:
-                    run.evaluate()
-                break
-            bar.update(1)
-            if run.round % cfg.eval_every == 0 or run.round == cfg.rounds:
-                row = run.evaluate()
-                bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{row['epsilon']:.2f}")
-            if ckpt_dir is not None and cfg.checkpoint_every \
-                    and run.round % cfg.checkpoint_every == 0:
-                run.save(ckpt_dir)
-                saved = run.round
-            if stop_after is not None and run.round >= stop_after:
-                interrupted = True
-                break
-        if ckpt_dir is not None and cfg.checkpoint_every and saved != run.round \
-                and not interrupted:
-            run.save(ckpt_dir)  # the end of the run, or its budget stop
-    finally:
-        bar.close()
-    eps_local = ledger.epsilons([str(i) for i in range(run.n)])
-    local = np.array([eps_local[str(i)] for i in range(run.n)])
-    messages = run.round * cfg.clients_per_round
-    privacy: dict[str, Any] = {
-        "delta": cfg.delta, "neighboring_relation": "REPLACE_ONE",
-        "epsilon_central": run.epsilon, "epsilon_mean": float(local.mean()),
-        "epsilon_max": float(local.max()), "per_client": local.tolist(), "proven": True,
-        "method": "rdp", "rounds_run": run.round,
-        "epsilon_per_round": [h["epsilon"] for h in run.history],
-        "central_assumptions": [AMPLIFICATION_ASSUMPTION] if algorithm == "dprec" else
-        ["sampling without replacement whose outcome stays secret; the server adds the noise "
-         "(trusted server or secure aggregation)"],
-        "local_assumptions": ["no amplification: each client's own messages composed"],
-    }
-    if algorithm == "dprec":
-        privacy |= {"mechanism": "rec", "noise_multiplier": cfg.stddev / cfg.l2_clip,
-                    "num_candidates": 1 << cfg.bits, "num_groups": run.num_groups,
-                    "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
-                             "(Wang-Balle-Kasiviswanathan Thm 9)"}
-    else:
-        assert z is not None
-        privacy |= {"mechanism": "gaussian_sum", "noise_multiplier": z,
-                    "noise_stddev": 2 * cfg.l2_clip * z / cfg.clients_per_round}
-    if run.stopped:
-        privacy["stopped"] = run.stopped
-    comm = {"uplink_bits": run.up, "downlink_bits": run.down,
-            "float32_uplink_bits": FLOAT_BITS * run.d * messages, "messages": messages,
-            "parameters": run.d}
-    if algorithm == "dprec":
-        comm |= {"uplink_bits_without_seeds": run.up_no_seed,
-                 "bits_per_message": (8 * rec.SEED_BYTES + run.num_groups * cfg.bits),
-                 "history_compression": cfg.history_compression}
-    return {"history": run.history, "privacy": privacy, "communication": comm,
-            "_model": {k: v.detach().cpu() for k, v in run.w.items()}}
+    run = _Run(algorithm, cfg, ds, _open_ledger(algorithm, cfg, out, resume), z)
+    drive(run, checkpoints=checkpoint_dir(out, algorithm),
+          checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
+          stop_after=stop_after)
+    return run.report()
 
 
 def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
@@ -668,8 +603,7 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
                                         "dataset_description": ds.description,
                                         "num_clients": ds.num_clients}
     if out_path is not None:
-        write_report(out_path, config, {n: {k: v for k, v in r.items() if k != "_model"}
-                                        for n, r in results.items()})
+        write_report(out_path, config, results)
         _plot_vs_epsilon(out_path, results)
     return {"config": config, "algorithms": results}
 
@@ -693,16 +627,19 @@ def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+_COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("test acc", 8, ".4f"),
+            Column("uplink bits", 12, ".4g"), Column("downlink bits", 13, ".4g"),
+            Column("eps central", 11, ".4g"), Column("eps local max", 13, ".4g"))
+
+
 def final_table(result: dict[str, Any]) -> str:
     """Last evaluation, bits and epsilons of each algorithm."""
-    lines = [f"{'algorithm':<9} {'rounds':>6} {'test acc':>8} {'uplink bits':>12} "
-             f"{'downlink bits':>13} {'eps central':>11} {'eps local max':>13}"]
-    for name, r in result["algorithms"].items():
-        f, p, c = r["history"][-1], r["privacy"], r["communication"]
-        lines.append(f"{name:<9} {f['iteration']:>6} {f['test_accuracy']:>8.4f} "
-                     f"{c['uplink_bits']:>12.4g} {c['downlink_bits']:>13.4g} "
-                     f"{p['epsilon_central']:>11.4g} {p['epsilon_max']:>13.4g}")
     algs = result["algorithms"]
+    lines = text_table(_COLUMNS, [
+        (name, r["history"][-1]["iteration"], r["history"][-1]["test_accuracy"],
+         r["communication"]["uplink_bits"], r["communication"]["downlink_bits"],
+         r["privacy"]["epsilon_central"], r["privacy"]["epsilon_max"])
+        for name, r in algs.items()])
     if "dpfedavg" in algs:
         ratio = algs["dpfedavg"]["communication"]["uplink_bits"] / max(
             algs["dprec"]["communication"]["uplink_bits"], 1)

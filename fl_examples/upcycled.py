@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from fl_examples.core import checkpoint
 from fl_examples.core.data import FederatedDataset, Split, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.privacy import PRIVACY_KINDS, BudgetStop, PrivacyPlan, calibrate
-from fl_examples.core.report import progress, write_report
+from fl_examples.core.report import Column, text_table, write_report
 from fl_examples.core.rounds import (
     aggregate,
     broadcast,
@@ -44,10 +43,18 @@ from fl_examples.core.rounds import (
     straggler_epochs,
     to_client_data,
 )
+from fl_examples.core.run import (
+    TrainerRun,
+    adopt_round_charges,
+    check_shared_settings,
+    checkpoint_dir,
+    drive,
+    open_ledger,
+)
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit._journal import canonical_json
-from privkit.errors import InvalidParameterError, LedgerRollbackError
+from privkit.errors import InvalidParameterError
 from privkit.events import event_to_dict
 from privkit.ledger import Ledger, LedgerPointer
 
@@ -141,23 +148,15 @@ class UpcycledConfig:
         s = _validate.real("stragglers", self.stragglers)
         if not 0 <= s < 1:
             raise InvalidParameterError("stragglers", self.stragglers, "in [0, 1)")
-        _validate.positive_int("local_epochs", self.local_epochs)
-        _validate.positive_int("batch_size", self.batch_size)
-        _validate.positive("lr", self.lr)
         m = _validate.real("momentum", self.momentum)
         if not 0 <= m < 1:
             raise InvalidParameterError("momentum", self.momentum, "in [0, 1)")
-        _validate.nonnegative_int("seed", self.seed)
-        _validate.positive_int("eval_every", self.eval_every)
-        _validate.nonnegative_int("checkpoint_every", self.checkpoint_every)
+        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
         if self.privacy not in PRIVACY_KINDS:
             raise InvalidParameterError("privacy", self.privacy, "none, output or objective")
         _validate.positive("l2_clip_norm", self.l2_clip_norm)
         _validate.positive("stddev", self.stddev)
         _validate.positive("alpha", self.alpha)
-        _validate.delta("delta", self.delta)
-        if self.epsilon_budget is not None:
-            _validate.positive("epsilon_budget", self.epsilon_budget)
         if self.noise_for_epsilon is not None:
             _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
             if self.privacy == "none":
@@ -204,15 +203,22 @@ def _model(cfg: UpcycledConfig, ds: FederatedDataset) -> Any:
     return MultinomialLogReg(ds.num_features, ds.num_classes)
 
 
-class _Run:
-    """State of one algorithm's run (the model pair and its history)."""
+class _Run(TrainerRun):
+    """One algorithm's run (:class:`~fl_examples.core.run.TrainerRun`): the model pair
+    ``w^{t-1}``, ``w^{t-2}`` and its history; a step is one iteration."""
+
+    evaluate_first = False  # the first row is iteration eval_every (the paper's curves)
 
     def __init__(self, algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
                  device: torch.device, plan: PrivacyPlan | None = None,
-                 ledger: Ledger | None = None, model: Any = None) -> None:
+                 ledger: Ledger | None = None, model: Any = None, *,
+                 iterations: int | None = None, calibration: dict[str, Any] | None = None
+                 ) -> None:
         if algorithm not in ALGORITHMS:
             raise InvalidParameterError("algorithm", algorithm, f"one of {', '.join(ALGORITHMS)}")
         self.algorithm, self.cfg, self.ds, self.device = algorithm, cfg, ds, device
+        self.iterations = cfg.iterations if iterations is None else iterations
+        self.calibration = calibration or {}
         self.tree = SeedTree(cfg.seed)
         self.model = model if model is not None else _model(cfg, ds)
         dtype = torch.float32
@@ -231,11 +237,42 @@ class _Run:
         # data round -> clients whose charge for it is already in the ledger (adopted on resume)
         self.precharged: dict[int, set[str]] = {}
 
+    # -- the run protocol -------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        return self.iteration
+
+    def finished(self) -> bool:
+        return self.iteration >= self.iterations
+
+    def remaining(self) -> int:
+        return self.iterations - self.iteration
+
+    def step(self) -> bool:
+        """One iteration; False before a data round that would take a client over budget."""
+        try:
+            self._iterate()
+        except BudgetStop as stop:
+            self.stopped = (f"stopped before iteration {self.iteration + 1}: {stop}; "
+                            f"budget {self.cfg.epsilon_budget}")
+            return False
+        return True
+
+    def report(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"history": self.history,
+                                  "model": {k: v.detach().cpu() for k, v in self.w.items()}}
+        if self.plan is not None and self.ledger is not None:
+            result["privacy"] = self.plan.report(self.ledger, self.ds.num_clients) \
+                | self.calibration
+            if self.stopped:
+                result["privacy"]["stopped"] = self.stopped
+        return result
+
     # -- one iteration ----------------------------------------------------------------------
     def data_round(self, t: int) -> int:
         return (t + 1) // 2 if self.algorithm == "upcycled" else t
 
-    def step(self) -> None:
+    def _iterate(self) -> None:
         t = self.iteration + 1
         start = time.perf_counter()
         if self.algorithm == "upcycled" and t % 2 == 0:
@@ -330,41 +367,29 @@ class _Run:
         return row
 
     # -- checkpoints ------------------------------------------------------------------------
-    def save(self, directory: Path) -> None:
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors = {f"w.{k}": v for k, v in self.w.items()}
         tensors.update({f"w_prev.{k}": v for k, v in self.w_prev.items()})
-        checkpoint.save(directory, self.iteration, tensors, {
-            "algorithm": self.algorithm, "config": dataclasses.asdict(self.cfg),
-            "history": self.history, "wall_time_s": self.wall, "client_compute_s": self.compute,
-            "ledger_pointer": self.ledger.head().to_dict() if self.ledger is not None else None,
-        })
+        return tensors, {"wall_time_s": self.wall, "client_compute_s": self.compute}
 
-    def restore(self, directory: Path) -> None:
-        tensors, state = checkpoint.load_latest(directory, self.device)
-        if state.get("algorithm") != self.algorithm:
-            raise checkpoint.CheckpointError(
-                f"{directory}: checkpoint is for {state.get('algorithm')!r}, "
-                f"not {self.algorithm!r}")
-        if state.get("config") != dataclasses.asdict(self.cfg):
-            raise checkpoint.CheckpointError(
-                f"{directory}: checkpoint was made with another configuration; "
-                "resume with the same settings or start a new --out")
+    def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
         names = list(self.model.parameter_shapes())  # the model's own order
         self.w = {k: tensors[f"w.{k}"] for k in names}
         self.w_prev = {k: tensors[f"w_prev.{k}"] for k in names}
         self.iteration = int(state["round"])
-        self.history = list(state["history"])
         self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
-        if self.ledger is not None:
-            self.adopt(LedgerPointer.from_dict(state["ledger_pointer"]))
 
-    def _expected_charges(self, r: int) -> list[tuple[str, str]]:
-        """(client id, canonical event JSON) of each entry data round ``r`` charges, in order."""
+    def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
+        """(data round, client id, count, canonical event JSON) of each entry iteration ``t``
+        charges, in order (none for an even Upcycled-FL iteration)."""
         assert self.plan is not None
+        if self.algorithm == "upcycled" and t % 2 == 0:
+            return []
+        r = self.data_round(t)
         groups: dict[Any, list[str]] = {}
         for c in self._selection(r)[0].tolist():
             groups.setdefault(self.plan.mechanism(int(c)).event(), []).append(str(c))
-        return [(cid, canonical_json(event_to_dict(ev))) for ev, ids in groups.items()
+        return [(r, cid, 1, canonical_json(event_to_dict(ev))) for ev, ids in groups.items()
                 for cid in ids]
 
     def adopt(self, pointer: LedgerPointer) -> None:
@@ -375,37 +400,18 @@ class _Run:
         before that checkpoint. Replaying those rounds draws the same noise (the seed tree is
         part of the checkpointed configuration), so their charges are adopted rather than made
         twice, and the resumed run ends bitwise equal to an uninterrupted one. Anything else
-        (a newer checkpoint existed, or another run's entries) is a rollback and is refused.
+        (a newer checkpoint existed, or another run's entries) is a rollback and is refused
+        (:func:`~fl_examples.core.run.adopt_round_charges`).
 
         Raises:
             LedgerMismatchError: the ledger lacks the pointer's entry (an older ledger).
             LedgerRollbackError: the state is older than spend that later states depend on.
         """
         assert self.ledger is not None
-        pending = self.ledger.entries_since(pointer)
-        window = self.iteration + max(self.cfg.checkpoint_every, 1)
-        adopted: dict[int, set[str]] = {}
-        t, i = self.iteration, 0
-        while i < len(pending):
-            t += 1
-            if self.algorithm == "upcycled" and t % 2 == 0:
-                continue
-            r = self.data_round(t)
-            for cid, ev in self._expected_charges(r)[: len(pending) - i]:
-                e = pending[i]
-                same = (t <= window and e.get("kind") == "spend" and e["client_id"] == cid
-                        and e["round"] == r and e["run_id"] == self.algorithm
-                        and e["count"] == 1 and canonical_json(e["event"]) == ev)
-                if not same:
-                    raise LedgerRollbackError(
-                        f"the checkpoint at iteration {self.iteration} (ledger seq {pointer.seq}) "
-                        f"is older than the ledger (head seq {self.ledger.head().seq}): entry "
-                        f"{e['seq']} is spend that a later state depends on, not an interrupted "
-                        "round of this run; resume from the latest checkpoint (spend is never "
-                        "rolled back)")
-                adopted.setdefault(r, set()).add(cid)
-                i += 1
-        self.precharged = adopted
+        self.precharged = adopt_round_charges(
+            self.ledger, pointer, run_id=self.algorithm, start=self.iteration,
+            window=self.iteration + max(self.cfg.checkpoint_every, 1),
+            charges=self._expected_charges, step_name="iteration")
 
 
 def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
@@ -420,46 +426,13 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     device = resolve_device(cfg.device)
     model = _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
     plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
-    ledger = _open_ledger(algorithm, cfg, out) if plan is not None else None
-    run = _Run(algorithm, cfg, ds, device, plan, ledger, model)
-    ckpt_dir = out / "checkpoints" / algorithm if out is not None else None
-    if resume and ckpt_dir is not None and checkpoint.latest_round(ckpt_dir) is not None:
-        run.restore(ckpt_dir)
-    elif resume and ledger is not None and ledger.head().seq >= 0:
-        # No checkpoint yet: a crash during the first rounds may have left their charges.
-        try:
-            run.adopt(ledger.origin())
-        except LedgerRollbackError:
-            pass  # an earlier run's spend: kept, and this run charges on top of it
-    bar = progress(iterations - run.iteration, desc=algorithm)
-    try:
-        while run.iteration < iterations:
-            try:
-                run.step()
-            except BudgetStop as stop:
-                run.stopped = (f"stopped before iteration {run.iteration + 1}: {stop}; "
-                               f"budget {cfg.epsilon_budget}")
-                if not run.history or run.history[-1]["iteration"] != run.iteration:
-                    run.evaluate()
-                break
-            bar.update(1)
-            if run.iteration % cfg.eval_every == 0 or run.iteration == iterations:
-                row = run.evaluate()
-                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['test_accuracy']:.3f}")
-            if (ckpt_dir is not None and cfg.checkpoint_every
-                    and run.iteration % cfg.checkpoint_every == 0):
-                run.save(ckpt_dir)
-            if stop_after is not None and run.iteration >= stop_after:
-                break
-    finally:
-        bar.close()
-    result: dict[str, Any] = {"history": run.history,
-                              "model": {k: v.detach().cpu() for k, v in run.w.items()}}
-    if plan is not None and ledger is not None:
-        result["privacy"] = plan.report(ledger, ds.num_clients) | calibration
-        if run.stopped:
-            result["privacy"]["stopped"] = run.stopped
-    return result
+    ledger = _open_ledger(algorithm, cfg, out, resume) if plan is not None else None
+    run = _Run(algorithm, cfg, ds, device, plan, ledger, model, iterations=iterations,
+               calibration=calibration)
+    drive(run, checkpoints=checkpoint_dir(out, algorithm),
+          checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
+          stop_after=stop_after)
+    return run.report()
 
 
 def planned_releases(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
@@ -508,23 +481,11 @@ def _privacy_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, ite
     return _plan_for(cfg, ds, algorithm, x), info
 
 
-def _open_ledger(algorithm: str, cfg: UpcycledConfig, out: Path | None) -> Ledger:
-    """One ledger per (output directory, algorithm); reopening never resets spend."""
-    population = f"{cfg.dataset}|seed={cfg.seed}|{algorithm}"
-    if out is None:
-        return Ledger.create(None, population_id=population, delta=cfg.delta,
-                             epsilon_budget=cfg.epsilon_budget)
-    path = out / f"ledger-{algorithm}.jsonl"
-    if path.exists():
-        led = Ledger.open(path)
-        if led.population_id != population or led.delta != cfg.delta:
-            raise InvalidParameterError(
-                "out", str(out), f"a directory whose {path.name} belongs to this run "
-                f"(it holds population {led.population_id!r}); use a new --out")
-        return led
-    out.mkdir(parents=True, exist_ok=True)
-    return Ledger.create(path, population_id=population, delta=cfg.delta,
-                         epsilon_budget=cfg.epsilon_budget)
+def _open_ledger(algorithm: str, cfg: UpcycledConfig, out: Path | None, resume: bool) -> Ledger:
+    """One ledger per (output directory, algorithm); reopened, never reset, by every run."""
+    return open_ledger(out, algorithm, population_id=f"{cfg.dataset}|seed={cfg.seed}|{algorithm}",
+                       delta=cfg.delta, resume=resume, reopen=True,
+                       epsilon_budget=cfg.epsilon_budget)
 
 
 def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path | None = None,
@@ -557,22 +518,26 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
                                         "dataset_description": ds.description,
                                         "num_clients": ds.num_clients}
     if out_path is not None:
-        write_report(out_path, config, {n: {k: v for k, v in r.items() if k != "_model"}
-                                        for n, r in results.items()})
+        write_report(out_path, config, results)
     return {"config": config, "algorithms": results}
+
+
+_COLUMNS = (Column("algorithm", 10), Column("iters", 6), Column("data rounds", 11),
+            Column("train loss", 10, ".4f"), Column("train acc", 9, ".4f"),
+            Column("test acc", 8, ".4f"), Column("wall s", 8, ".2f"),
+            Column("client s", 8, ".2f"))
 
 
 def final_table(result: dict[str, Any]) -> str:
     """A short text table of each algorithm's last evaluation (and epsilon, if private)."""
-    lines = [f"{'algorithm':<10} {'iters':>6} {'data rounds':>11} {'train loss':>10} "
-             f"{'train acc':>9} {'test acc':>8} {'wall s':>8} {'client s':>8}"]
+    algs = result["algorithms"]
+    lines = text_table(_COLUMNS, [
+        (name, r["history"][-1]["iteration"], r["data_rounds"],
+         *(r["history"][-1][k] for k in ("train_loss", "train_accuracy", "test_accuracy",
+                                         "wall_time_s", "client_compute_s")))
+        for name, r in algs.items()])
     notes = []
-    for name, r in result["algorithms"].items():
-        f = r["history"][-1]
-        lines.append(f"{name:<10} {f['iteration']:>6} {r['data_rounds']:>11} "
-                     f"{f['train_loss']:>10.4f} {f['train_accuracy']:>9.4f} "
-                     f"{f['test_accuracy']:>8.4f} {f['wall_time_s']:>8.2f} "
-                     f"{f['client_compute_s']:>8.2f}")
+    for name, r in algs.items():
         if "privacy" in r:
             p = r["privacy"]
             mark = "" if p["proven"] else "  [NOT PROVEN]"

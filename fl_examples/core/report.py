@@ -1,4 +1,4 @@
-"""The report every trainer writes: ``report.json`` plus PNG plots beside it.
+"""The report every trainer writes: ``report.json`` plus PNG plots beside it, and its text table.
 
 Format (shared by all trainers; later trainers add fields, never rename):
 
@@ -11,20 +11,24 @@ Format (shared by all trainers; later trainers add fields, never rename):
     ``simulated_time_s`` and compressing trainers ``cumulative_bits`` (each gets its
     own plot); private runs add
     ``privacy`` (``delta``, ``epsilon_mean``, ``epsilon_max``, ``method``,
-    ``proven``, ``per_client``).
+    ``proven``, ``per_client``). Keys starting with ``_`` (the final model, say) stay out.
+further sections
+    after ``algorithms``, e.g. MAPA's ``comparison``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privkit.ledger import atomic_write_bytes
 
-__all__ = ["EVALUATION_KEYS", "write_report", "plot_histories", "progress"]
+__all__ = ["EVALUATION_KEYS", "write_report", "plot_histories", "progress", "Column",
+           "text_table"]
 
 EVALUATION_KEYS = ("iteration", "train_loss", "train_accuracy", "test_accuracy", "wall_time_s",
                    "client_compute_s")
@@ -51,17 +55,24 @@ def _clean(obj: Any) -> Any:
 
 
 def write_report(out_dir: str | Path, config: Mapping[str, Any],
-                 algorithms: Mapping[str, Mapping[str, Any]], *, plots: bool = True) -> Path:
-    """Write ``report.json`` (atomically) and the plots; returns the report path."""
+                 algorithms: Mapping[str, Mapping[str, Any]], *, plots: bool = True,
+                 sections: Mapping[str, Any] | None = None) -> Path:
+    """Write ``report.json`` (atomically) and the plots; returns the report path.
+
+    ``algorithms`` maps each algorithm to its entry (keys starting with ``_`` are left out);
+    ``sections`` are further top-level sections, after ``algorithms``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    body = {"config": _clean(dict(config)), "algorithms": {}}
+    body: dict[str, Any] = {"config": _clean(dict(config)), "algorithms": {}}
     for name, run in algorithms.items():
         history = [_clean(dict(h)) for h in run.get("history", [])]
-        entry = {k: _clean(v) for k, v in run.items() if k != "history"}
+        entry = {k: _clean(v) for k, v in run.items()
+                 if k != "history" and not k.startswith("_")}
         entry["history"] = history
         entry["final"] = history[-1] if history else None
         body["algorithms"][name] = entry
+    body |= {k: _clean(v) for k, v in (sections or {}).items()}
     path = out / "report.json"
     atomic_write_bytes(path, json.dumps(body, indent=1, allow_nan=False).encode("utf-8"))
     if plots:
@@ -116,3 +127,32 @@ def progress(total: int, desc: str) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, leave=False, disable=None, dynamic_ncols=True)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of :func:`text_table`: title, width and the format of its values."""
+
+    title: str
+    width: int
+    fmt: str = ""
+
+
+def text_table(columns: Sequence[Column], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a plain text table: a header, then one line per row.
+
+    The first column is left-aligned (the algorithm's name), the others right-aligned, each
+    value formatted with its column's ``fmt``; columns are separated by one space.
+
+    Example:
+        >>> text_table([Column("algorithm", 9), Column("loss", 6, ".3f")], [("mapa", 0.5)])
+        ['algorithm   loss', 'mapa       0.500']
+    """
+    first, *rest = columns
+    lines = [" ".join([f"{first.title:<{first.width}}", *(f"{c.title:>{c.width}}"
+                                                            for c in rest)])]
+    for row in rows:
+        name, *values = row
+        lines.append(" ".join([format(name, f"<{first.width}"),
+                               *(format(v, f">{c.width}{c.fmt}") for c, v in zip(rest, values))]))
+    return lines

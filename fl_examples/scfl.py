@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from fl_examples.core import checkpoint
-from fl_examples.core.report import progress, write_report
+from fl_examples.core.report import Column, text_table, write_report
+from fl_examples.core.run import TrainerRun, check_shared_settings, checkpoint_dir, drive
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit.accountants.midp import COVERS, LabelMode, midp_coded_release, midp_per_client
@@ -184,7 +184,6 @@ class ScflConfig:
         v.positive_int("server_batch_size", self.server_batch_size)
         v.positive_int("client_batch_size", self.client_batch_size)
         _enum(BatchSampling, "batch_sampling", self.batch_sampling)
-        v.positive("lr", self.lr)
         v.positive_int("rounds", self.rounds)
         if self.time_budget is not None:
             v.positive("time_budget", self.time_budget)
@@ -194,9 +193,7 @@ class ScflConfig:
             raise InvalidParameterError("psi", self.psi, "in [0, 1)")
         if self.output not in ("average", "last"):
             raise InvalidParameterError("output", self.output, "average or last")
-        v.nonnegative_int("seed", self.seed)
-        v.positive_int("eval_every", self.eval_every)
-        v.nonnegative_int("checkpoint_every", self.checkpoint_every)
+        check_shared_settings(self)  # lr, seed, eval/checkpoint grid
         if self.n_mac is not None:
             v.positive("n_mac", self.n_mac)
         for name in ("mac_rate", "server_mac_rate", "uplink_rate", "downlink_rate"):
@@ -479,11 +476,16 @@ def _code(cfg: ScflConfig, data: RegressionData, weights: np.ndarray | None
     return cx, cy, [uploads[c].event for c in data.client_ids]
 
 
-class _Run:
-    """One method's state: model, running sum, simulated clock, history."""
+class _Run(TrainerRun):
+    """One method's run (:class:`~fl_examples.core.run.TrainerRun`): model, running sum,
+    simulated clock, history; a step is one epoch. No ledger: the privacy is the coded upload's
+    MI-DP, fixed before training."""
+
+    records_ledger = False
 
     def __init__(self, method: ScflMethod, sh: _Shared) -> None:
         self.method, self.sh, cfg = method, sh, sh.cfg
+        self.algorithm, self.cfg = method.value, cfg
         d, o = sh.x_all.shape[1], sh.y_all.shape[1]
         self.w = np.zeros((d, o))
         self.w_sum = np.zeros((d, o))
@@ -513,6 +515,32 @@ class _Run:
         key = "weighted" if method is ScflMethod.CODEDFEDL_STYLE else "plain"
         self.cx, self.cy, self.events = sh.coded[key] if method.coded else (None, None, [])
 
+    # ---------------------------------------------------------------- the run protocol
+    @property
+    def position(self) -> int:
+        return self.round
+
+    def finished(self) -> bool:
+        budget = self.cfg.time_budget
+        return self.round >= self.cfg.rounds or (budget is not None and self.sim_time >= budget)
+
+    def remaining(self) -> int:
+        return self.cfg.rounds - self.round
+
+    def report(self) -> dict[str, Any]:
+        sh, method = self.sh, self.method
+        entry: dict[str, Any] = {
+            "history": self.history, "arrivals_per_round": self.arrivals,
+            "deadline_s": self.deadline if method is not ScflMethod.FL_PMA else None,
+            "arrival_probability": self.p.tolist(),
+            "mean_epoch_s": self.sim_time / max(self.round, 1),
+            "excluded_clients": [sh.data.client_ids[i] for i in np.flatnonzero(self.p == 0)],
+            "_model": {"average": self.w_sum / max(self.round, 1), "last": self.w}}
+        priv = _privacy(self)
+        if priv is not None:
+            entry["privacy"] = priv
+        return entry
+
     # ---------------------------------------------------------------- one epoch
     def _client_rows(self, rng: np.random.Generator, i: int) -> tuple[np.ndarray, float]:
         size, b = int(self.sh.data.sizes[i]), int(self.batch[i])
@@ -532,7 +560,7 @@ class _Run:
             return np.flatnonzero(rng.random(c) < b / c), float(b)
         return rng.choice(c, b, replace=False), float(b)
 
-    def step(self) -> None:
+    def step(self) -> bool:
         start = time.perf_counter()
         sh, cfg, m = self.sh, self.sh.cfg, self.method
         r = self.round + 1
@@ -589,6 +617,7 @@ class _Run:
         self.sim_time += epoch
         self.arrivals.append(int(arrived.sum()))
         self.wall += time.perf_counter() - start
+        return True
 
     # ------------------------------------------------------------------ evaluation
     def _metrics(self, w: np.ndarray) -> dict[str, float]:
@@ -624,32 +653,24 @@ class _Run:
         return row
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, directory: Path) -> None:
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         import torch
 
         tensors = {"w": torch.from_numpy(self.w), "w_sum": torch.from_numpy(self.w_sum)}
         if self.cx is not None:
             tensors["coded_x"] = torch.from_numpy(np.ascontiguousarray(self.cx))
             tensors["coded_y"] = torch.from_numpy(np.ascontiguousarray(self.cy))
-        checkpoint.save(directory, self.round, tensors, {
-            "algorithm": self.method.value, "config": dataclasses.asdict(self.sh.cfg),
-            "history": self.history, "arrivals": self.arrivals, "simulated_time_s":
-            self.sim_time, "wall_time_s": self.wall})
+        return tensors, {"arrivals": self.arrivals, "simulated_time_s": self.sim_time,
+                         "wall_time_s": self.wall}
 
-    def restore(self, directory: Path) -> None:
-        tensors, state = checkpoint.load_latest(directory)
-        if state.get("algorithm") != self.method.value or \
-                state.get("config") != dataclasses.asdict(self.sh.cfg):
-            raise checkpoint.CheckpointError(
-                f"{directory}: checkpoint is for another method or configuration; resume with "
-                "the same settings or start a new --out")
+    def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
         self.w = tensors["w"].numpy().astype(np.float64)
         self.w_sum = tensors["w_sum"].numpy().astype(np.float64)
         if "coded_x" in tensors:  # the server's copy: clients never code twice
             self.cx = tensors["coded_x"].numpy().astype(np.float64)
             self.cy = tensors["coded_y"].numpy().astype(np.float64)
         self.round = int(state["round"])
-        self.history, self.arrivals = list(state["history"]), list(state["arrivals"])
+        self.arrivals = list(state["arrivals"])
         self.sim_time, self.wall = float(state["simulated_time_s"]), float(state["wall_time_s"])
 
 
@@ -690,43 +711,17 @@ def _setup(cfg: ScflConfig, methods: list[ScflMethod]) -> _Shared:
 def run_method(method: ScflMethod, sh: _Shared, *, out: Path | None = None,
                resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     """Run one method for ``cfg.rounds`` epochs; returns its report entry (and ``_model``)."""
-    cfg = sh.cfg
     run = _Run(method, sh)
-    ckpt = out / "checkpoints" / method.value if out is not None else None
-    if resume and ckpt is not None and checkpoint.latest_round(ckpt) is not None:
-        run.restore(ckpt)
-    if not run.history:
-        run.evaluate()
-    budget = math.inf if cfg.time_budget is None else cfg.time_budget
-    bar = progress(cfg.rounds - run.round, desc=method.value)
-    try:
-        while run.round < cfg.rounds and run.sim_time < budget:
-            run.step()
-            bar.update(1)
-            last = run.round == cfg.rounds or run.sim_time >= budget
-            if run.round % cfg.eval_every == 0 or last:
-                row = run.evaluate()
-                bar.set_postfix(loss=f"{row['train_loss']:.4f}")
-            if ckpt is not None and cfg.checkpoint_every and run.round % cfg.checkpoint_every == 0:
-                run.save(ckpt)
-            if stop_after is not None and run.round >= stop_after:
-                break
-    finally:
-        bar.close()
-    entry: dict[str, Any] = {
-        "history": run.history, "arrivals_per_round": run.arrivals,
-        "deadline_s": run.deadline if method is not ScflMethod.FL_PMA else None,
-        "arrival_probability": run.p.tolist(), "mean_epoch_s": run.sim_time / max(run.round, 1),
-        "excluded_clients": [sh.data.client_ids[i] for i in np.flatnonzero(run.p == 0)],
-        "_model": {"average": run.w_sum / max(run.round, 1), "last": run.w}}
-    priv = _privacy(run)
-    if priv is not None:
-        entry["privacy"] = priv
-        if out is not None:
-            body = {"client_ids": list(sh.data.client_ids), "mi_dp_nats": priv["per_client"],
-                    "events": [event_to_dict(e) for e in run.events], "covers": COVERS}
-            atomic_write_bytes(out / f"midp-{method.value}.json",
-                               json.dumps(body, indent=1).encode("utf-8"))
+    drive(run, checkpoints=checkpoint_dir(out, method.value),
+          checkpoint_every=sh.cfg.checkpoint_every, eval_every=sh.cfg.eval_every,
+          resume=resume, stop_after=stop_after)
+    entry = run.report()
+    if "privacy" in entry and out is not None:
+        body = {"client_ids": list(sh.data.client_ids),
+                "mi_dp_nats": entry["privacy"]["per_client"],
+                "events": [event_to_dict(e) for e in run.events], "covers": COVERS}
+        atomic_write_bytes(out / f"midp-{method.value}.json",
+                           json.dumps(body, indent=1).encode("utf-8"))
     return entry
 
 
@@ -762,8 +757,7 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
         entry["time_to_fl_pma_final_loss_s"] = (time_to_loss(entry["history"], target)
                                                 if target is not None else None)
     if out_path is not None:
-        write_report(out_path, config, {n: {k: v for k, v in r.items() if k != "_model"}
-                                        for n, r in results.items()})
+        write_report(out_path, config, results)
     return {"config": config, "algorithms": results}
 
 
@@ -775,10 +769,15 @@ def time_to_loss(history: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
+_COLUMNS = (Column("method", 14), Column("rounds", 6), Column("train loss", 10, ".5f"),
+            Column("test acc", 8, ".4f"), Column("sim time s", 10, ".2f"),
+            Column("mean arrivals", 13, ".2f"), Column("t to PMA loss", 13),
+            Column("MI-DP nats (mean/max)", 22))
+
+
 def final_table(result: dict[str, Any]) -> str:
     """Final loss, accuracy, simulated time and MI-DP of each method."""
-    lines = [f"{'method':<14} {'rounds':>6} {'train loss':>10} {'test acc':>8} {'sim time s':>10} "
-             f"{'mean arrivals':>13} {'t to PMA loss':>13} {'MI-DP nats (mean/max)':>22}"]
+    rows = []
     for name, r in result["algorithms"].items():
         f = r["history"][-1]
         arr = np.mean(r["arrivals_per_round"]) if r["arrivals_per_round"] else 0.0
@@ -787,8 +786,8 @@ def final_table(result: dict[str, Any]) -> str:
         mi = (f"{p['mi_dp_nats_mean']:.4g}/{p['mi_dp_nats_max']:.4g}" if p else "- (no upload)")
         if p and p["labels_fully_disclosed"]:
             mi += " [labels disclosed]"
-        lines.append(f"{name:<14} {f['iteration']:>6} {f['train_loss']:>10.5f} "
-                     f"{f['test_accuracy']:>8.4f} {f['simulated_time_s']:>10.2f} {arr:>13.2f} "
-                     f"{('-' if ttl is None else f'{ttl:.2f}'):>13} {mi:>22}")
+        rows.append((name, f["iteration"], f["train_loss"], f["test_accuracy"],
+                     f["simulated_time_s"], arr, "-" if ttl is None else f"{ttl:.2f}", mi))
+    lines = text_table(_COLUMNS, rows)
     lines.append(f"\nMI-DP: {COVERS}; implies only (0, sqrt(2 nats))-DP. {KAPPA_NOTE}.")
     return "\n".join(lines)

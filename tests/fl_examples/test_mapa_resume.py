@@ -15,6 +15,7 @@ from _sigkill import kill_when
 
 import fl_examples.mapa as mapa_mod
 import privkit
+from fl_examples.core import checkpoint  # every trainer saves through it
 from fl_examples.core.checkpoint import CheckpointError
 from fl_examples.mapa import MapaConfig, _LogRegOps, _pool, _Run, load_edges, run_algorithm
 from privkit.cli import main
@@ -54,14 +55,14 @@ def _drop(obj, keys=WALL):
 
 
 def _crash_at_save(monkeypatch, applied):
-    real = mapa_mod.checkpoint.save
+    real = checkpoint.save
 
     def save(directory, round_, tensors, state):
         if state["applied"] == applied:
             raise _Crash
         return real(directory, round_, tensors, state)
 
-    monkeypatch.setattr(mapa_mod.checkpoint, "save", save)
+    monkeypatch.setattr(checkpoint, "save", save)
 
 
 def _public(res):

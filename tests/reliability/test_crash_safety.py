@@ -250,9 +250,9 @@ def _assert_same(ref, res, tmp_path):
 
 def test_crash_between_charge_and_checkpoint_adopts_the_charge(tmp_path, monkeypatch):
     """Iteration 5 charges data round 3, then dies before its checkpoint is written."""
-    import fl_examples.upcycled as up
+    from fl_examples.core import checkpoint  # every trainer saves through it
 
-    real = up.checkpoint.save
+    real = checkpoint.save
 
     def crash_point(m):
         def save(directory, round_, tensors, state):
@@ -260,7 +260,7 @@ def test_crash_between_charge_and_checkpoint_adopts_the_charge(tmp_path, monkeyp
                 raise _Crash
             return real(directory, round_, tensors, state)
 
-        m.setattr(up.checkpoint, "save", save)
+        m.setattr(checkpoint, "save", save)
 
     _assert_same(*_straight_and_crashed(tmp_path, monkeypatch, "output", crash_point))
 
@@ -294,10 +294,11 @@ def test_scfl_resume_keeps_the_coded_upload_of_the_first_start(tmp_path, monkeyp
     to replay) a crash and resume must go on with the coded rows the server already holds,
     never with a fresh coding, and report the same MI-DP."""
     import fl_examples.scfl as scfl
+    from fl_examples.core import checkpoint  # every trainer saves through it
 
     cfg = scfl.ScflConfig(dataset="digits", clients=6, num_coded_rows=60, rounds=6,
                           checkpoint_every=1, secure_coding=True, seed=1)
-    real = scfl.checkpoint.save
+    real = checkpoint.save
 
     def save(directory, round_, tensors, state):
         if round_ == 4:
@@ -306,7 +307,7 @@ def test_scfl_resume_keeps_the_coded_upload_of_the_first_start(tmp_path, monkeyp
 
     out = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(scfl.checkpoint, "save", save)
+        m.setattr(checkpoint, "save", save)
         with pytest.raises(_Crash):
             scfl.train(cfg, algorithms="scfl", out=out)
     from safetensors.numpy import load_file

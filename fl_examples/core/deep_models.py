@@ -1,4 +1,4 @@
-"""Deep models (FEMNIST CNN, Sent140 stacked LSTM) stacked on a leading client axis.
+"""Deep models (FEMNIST CNN, MAPA's pooled CNN, Sent140 stacked LSTM) on a leading client axis.
 
 They satisfy the same :class:`fl_examples.core.models.BatchedModel` protocol as the closed-form
 models, so :func:`fl_examples.core.local.local_sgd` and
@@ -9,6 +9,8 @@ with ``torch.func``: logits are ``vmap(forward_single)`` over the client axis an
 hand-written backward pass. The solver kernel (``prepare_minibatches`` /
 ``gradient_accumulator``) uses the same per-client gradients, on views of the solver's flat
 ``(K, d)`` matrices (flat layout: parameters in :meth:`parameter_shapes` order, each row-major).
+Per-example gradients of many single models (:class:`fl_examples.core.models.PerExampleModel`,
+what MAPA's edges need) are ``vmap(vmap(grad(cross-entropy)))`` over models and examples.
 
 Both models output **logits**; the loss is cross-entropy applied once. Neither has dropout
 (it would add a second source of training randomness), matching :class:`models.MLP`.
@@ -38,11 +40,12 @@ from fl_examples.core.models import (
     GradientAccumulator,
     masked_mean_cross_entropy,
     num_parameters,
+    split_flat,
     unflatten,
 )
 from privkit.errors import InvalidParameterError
 
-__all__ = ["CNN", "StackedLSTM"]
+__all__ = ["CNN", "PooledCNN", "StackedLSTM"]
 
 Params = dict[str, Tensor]
 
@@ -78,7 +81,8 @@ class _FunctionalModel(abc.ABC):
 
     @abc.abstractmethod
     def _init_spec(self) -> dict[str, tuple[str, float]]:
-        """``{name: ("uniform", bound) | ("normal", std)}`` for every parameter."""
+        """``{name: ("uniform", bound) | ("normal", std) | ("zeros", 0)}`` for every parameter
+        (zeros draw nothing from the generator)."""
 
     @abc.abstractmethod
     def forward_single(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
@@ -108,7 +112,9 @@ class _FunctionalModel(abc.ABC):
         out: Params = {}
         for name, shape in self.parameter_shapes().items():
             kind, scale = spec[name]
-            if kind == "normal":
+            if kind == "zeros":
+                t = torch.zeros(k, *shape, device=gdev, dtype=dtype)
+            elif kind == "normal":
                 t = torch.randn(k, *shape, generator=generator, device=gdev, dtype=dtype)
                 t.mul_(scale)
             else:
@@ -152,6 +158,31 @@ class _FunctionalModel(abc.ABC):
         ys = torch.where(keep, y, torch.zeros_like(y)).long()
         params = {k: v.detach() for k, v in params.items()}
         return vmap(grad(self._weighted_ce))(params, xs, ys, w)
+
+    # -- per-example gradients on flat parameters (see PerExampleModel)
+
+    def flat_logits(self, flat: Tensor, x: Tensor) -> Tensor:
+        """Logits ``(B, C)`` of one model, flat ``(d,)``, on ``x (B, F)``."""
+        return self.forward_single(split_flat(flat, self.parameter_shapes()), x)
+
+    def per_example_grads(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """``(m, b, d)``: ``vmap`` over the m models and their examples of ``grad`` of one
+        example's cross-entropy."""
+        def loss_one(flat: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
+            return F.cross_entropy(self.flat_logits(flat, xi[None]), yi[None])
+
+        return vmap(vmap(grad(loss_one), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))(theta, x, y)
+
+    def mean_grads(self, theta: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
+                   denom: int | None = None) -> Tensor:
+        """``(m, d)``: the per-example gradients summed over the rows (those with ``mask`` 1)
+        and divided by ``denom`` (default: their mean)."""
+        per = self.per_example_grads(theta, x, y)
+        if mask is None and denom is None:
+            return per.mean(1)
+        if mask is not None:
+            per = per * mask[:, :, None].to(per.dtype)
+        return per.sum(1) / (per.shape[1] if denom is None else denom)
 
     # -- solver kernel (see BatchedModel)
 
@@ -246,6 +277,70 @@ class CNN(_FunctionalModel):
             if j < n_linear:
                 h = h.relu()
         return h
+
+
+@dataclass(frozen=True)
+class PooledCNN(_FunctionalModel):
+    """MAPA's testbed CNN (spec ``mapa.md`` section 9), for flattened square grey images.
+
+    Conv5x5(1 -> channels) - ReLU - MaxPool2 - Conv5x5(channels -> channels) - ReLU - MaxPool2
+    - Linear(-> num_classes), no padding. For 28x28 images and 10 channels the linear layer
+    reads 160 features and d = 250 + 10 + 2500 + 10 + 1600 + 10 = 4380. Parameters (per
+    client): ``conv1_w (channels, 1, 5, 5)``, ``conv1_b``, ``conv2_w (channels, channels, 5,
+    5)``, ``conv2_b``, ``fc_w (features, num_classes)``, ``fc_b``. Initialisation: conv filters
+    N(0, 1/fan_in) (fan_in = in_channels * 25, a reading of the testbed's "1/(number of
+    elements)"), the linear weight N(0, 0.01^2), biases 0.
+
+    Example:
+        >>> PooledCNN().num_parameters
+        4380
+        >>> m = PooledCNN(image_size=16, channels=2, num_classes=3)
+        >>> p = m.init(2, generator=torch.Generator().manual_seed(0))
+        >>> m.forward(p, torch.zeros(2, 5, 256)).shape
+        torch.Size([2, 5, 3])
+    """
+
+    image_size: int = 28
+    channels: int = 10
+    num_classes: int = 10
+
+    def __post_init__(self) -> None:
+        if _positive_int("image_size", self.image_size) < 16:
+            raise InvalidParameterError("image_size", self.image_size, ">= 16 (two 5x5 "
+                                        "convolutions, each followed by a 2x2 pooling)")
+        _positive_int("channels", self.channels)
+        _positive_int("num_classes", self.num_classes)
+
+    @property
+    def num_features(self) -> int:  # type: ignore[override]
+        """Flattened image size ``image_size ** 2``."""
+        return self.image_size**2
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-client parameter shapes in flat order."""
+        ch, side = self.channels, ((self.image_size - 4) // 2 - 4) // 2
+        return {"conv1_w": (ch, 1, 5, 5), "conv1_b": (ch,), "conv2_w": (ch, ch, 5, 5),
+                "conv2_b": (ch,), "fc_w": (ch * side * side, self.num_classes),
+                "fc_b": (self.num_classes,)}
+
+    def _init_spec(self) -> dict[str, tuple[str, float]]:
+        spec: dict[str, tuple[str, float]] = {}
+        for name, shape in self.parameter_shapes().items():
+            if name.endswith("_b"):
+                spec[name] = ("zeros", 0.0)
+            else:
+                spec[name] = ("normal", 0.01 if name == "fc_w"
+                              else 1.0 / math.sqrt(math.prod(shape[1:])))
+        return spec
+
+    def forward_single(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """Logits ``(B, C)`` of one client (parameters without the client axis)."""
+        s = self.image_size
+        h = F.conv2d(x.reshape(-1, 1, s, s), params["conv1_w"], params["conv1_b"])
+        h = F.max_pool2d(h.relu(), 2)
+        h = F.conv2d(h, params["conv2_w"], params["conv2_b"])
+        h = F.max_pool2d(h.relu(), 2).flatten(1)
+        return h @ params["fc_w"] + params["fc_b"]
 
 
 @dataclass(frozen=True)

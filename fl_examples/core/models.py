@@ -15,6 +15,12 @@ Flat layout. :func:`flatten` concatenates the parameters in the order of
 ``(fan_in, fan_out)`` followed by its bias ``(fan_out,)``, so the flat block of one layer is the
 row-major ``(fan_in + 1, fan_out)`` matrix ``[W; b]`` that multiplies features augmented with a
 constant-one column. The batched solver (:mod:`fl_examples.core.local`) works on this layout.
+
+Per-example gradients (:class:`PerExampleModel`). An asynchronous edge (MAPA) computes the
+uploads of many models at once, each a flat ``(d,)`` vector pulled at another time: a model
+that also has ``flat_logits``, ``per_example_grads`` and ``mean_grads`` serves it.
+:class:`MultinomialLogReg` computes them in closed form, the ``torch.func`` models of
+:mod:`fl_examples.core.deep_models` with ``vmap(grad)``.
 """
 
 from __future__ import annotations
@@ -32,11 +38,13 @@ from privkit.errors import InvalidParameterError
 
 __all__ = [
     "BatchedModel",
+    "PerExampleModel",
     "GradientAccumulator",
     "MultinomialLogReg",
     "MLP",
     "flatten",
     "unflatten",
+    "split_flat",
     "num_parameters",
     "masked_mean_cross_entropy",
 ]
@@ -111,6 +119,30 @@ class BatchedModel(Protocol):
     def gradient_accumulator(self, theta: Tensor, out: Tensor) -> GradientAccumulator: ...
 
 
+@runtime_checkable
+class PerExampleModel(BatchedModel, Protocol):
+    """A :class:`BatchedModel` that also gives per-example gradients of m single models.
+
+    Parameters are flat (the layout of the module docstring): ``theta`` is ``(m, d)``, one
+    model per row (e.g. the models m uploads were computed from), with inputs ``x (m, b, F)``
+    and labels ``y (m, b)``: row j's examples are scored by model j.
+    """
+
+    def flat_logits(self, flat: Tensor, x: Tensor) -> Tensor:
+        """Logits ``(B, C)`` of one model, flat ``(d,)``, on ``x (B, F)``."""
+        ...
+
+    def per_example_grads(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """``(m, b, d)`` gradients of each example's cross-entropy under its row's model."""
+        ...
+
+    def mean_grads(self, theta: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
+                   denom: int | None = None) -> Tensor:
+        """``(m, d)``: per row, the sum of the gradients over the examples (those with
+        ``mask`` 1) divided by ``denom`` (default: the number of examples ``b``)."""
+        ...
+
+
 # --------------------------------------------------------------------------- flat helpers
 
 
@@ -170,6 +202,23 @@ def unflatten(flat: Tensor, shapes: Mapping[str, tuple[int, ...]]) -> Params:
     for name, shape in shapes.items():
         size = math.prod(shape)
         out[name] = flat[:, start : start + size].view(flat.shape[0], *shape)
+        start += size
+    return out
+
+
+def split_flat(flat: Tensor, shapes: Mapping[str, tuple[int, ...]]) -> Params:
+    """One model's flat ``(d,)`` parameters as ``{name: view}`` (no client axis, no copy).
+
+    Example:
+        >>> p = split_flat(torch.arange(15.0), MultinomialLogReg(4, 3).parameter_shapes())
+        >>> p["weight"].shape, p["bias"].tolist()
+        (torch.Size([4, 3]), [12.0, 13.0, 14.0])
+    """
+    out: Params = {}
+    start = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        out[name] = flat[start : start + size].view(shape)
         start += size
     return out
 
@@ -292,6 +341,40 @@ class MultinomialLogReg:
         d = self.forward(params, x).softmax(-1).mul_(w)
         d.sub_(F.one_hot(torch.where(mask.bool(), y, 0).long(), self.num_classes) * w)
         return {"weight": torch.bmm(x.transpose(1, 2), d), "bias": d.sum(1)}
+
+    # -- per-example gradients on flat parameters (see PerExampleModel), closed form
+
+    def flat_logits(self, flat: Tensor, x: Tensor) -> Tensor:
+        """Logits ``(B, C)`` of one model, flat ``[W; b]`` ``(d,)``, on ``x (B, F)``."""
+        fc = self.num_features * self.num_classes
+        return x @ flat[:fc].view(self.num_features, self.num_classes) + flat[fc:]
+
+    def _residuals(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """``softmax(logits) - one_hot(y)``, ``(m, b, C)``, of row j's examples under model j."""
+        m, f, c = x.shape[0], self.num_features, self.num_classes
+        fc = f * c
+        logits = torch.baddbmm(theta[:, None, fc:], x, theta[:, :fc].view(m, f, c))
+        r = logits.softmax(-1)
+        return r.sub_(F.one_hot(y, c).to(r.dtype))
+
+    def per_example_grads(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """``(m, b, d)`` per-example gradients of the cross-entropy (flat layout)."""
+        m, b, _ = x.shape
+        r = self._residuals(theta, x, y)
+        gw = x[:, :, :, None] * r[:, :, None, :]
+        return torch.cat([gw.reshape(m, b, self.num_features * self.num_classes), r], dim=2)
+
+    def mean_grads(self, theta: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
+                   denom: int | None = None) -> Tensor:
+        """``(m, d)``: the gradients summed over the rows (those with ``mask`` 1) and divided
+        by ``denom`` (default: the number of rows)."""
+        m, b, _ = x.shape
+        r = self._residuals(theta, x, y)
+        if mask is not None:
+            r.mul_(mask[:, :, None].to(r.dtype))
+        r.div_(b if denom is None else denom)
+        gw = torch.bmm(x.transpose(1, 2), r).reshape(m, self.num_features * self.num_classes)
+        return torch.cat([gw, r.sum(1)], dim=1)
 
     # -- solver kernel. Softmax runs over dim 1 of a (K, C, B) tensor: on CPU, PyTorch's
     # last-dim softmax over a handful of classes is several times slower than this layout.

@@ -103,7 +103,8 @@ class TrainerRun(abc.ABC):
 
     @abc.abstractmethod
     def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state` (the history is loaded by :meth:`restore`)."""
+        """Inverse of :meth:`state` (the history is loaded by :meth:`restore`); raises
+        ``CheckpointError`` for a state it cannot use."""
 
     @abc.abstractmethod
     def report(self) -> dict[str, Any]:
@@ -190,7 +191,10 @@ class TrainerRun(abc.ABC):
             raise checkpoint.CheckpointError(
                 f"{directory}: checkpoint was made with another configuration; resume with "
                 "the same settings or start a new --out")
-        self.load_state(tensors, state)
+        try:
+            self.load_state(tensors, state)
+        except checkpoint.CheckpointError as exc:  # e.g. a tensor of another shape
+            raise checkpoint.CheckpointError(f"{directory}: {exc}") from None
         self.history = self.load_history(state["history"])
         if self.ledger is not None:
             pointer = state.get("ledger_pointer")

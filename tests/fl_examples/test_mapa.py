@@ -8,20 +8,17 @@ import pytest
 import torch
 from scipy import stats
 
-import fl_examples.mapa as mapa_mod
+import fl_examples.mapa.uploads as mapa_uploads
 import privkit
 from fl_examples.core.asyncsim import simulate
+from fl_examples.core.deep_models import PooledCNN
 from fl_examples.core.idx import write_idx
+from fl_examples.core.models import MultinomialLogReg
 from fl_examples.mapa import (
     AMPLIFICATION_ASSUMPTION,
-    MapaCNN,
     MapaConfig,
     MapaSchedule,
     PoissonSampledPureDpEvent,
-    _LogRegOps,
-    _mechanism,
-    _pool,
-    _Run,
     amplified_epsilon,
     asgd_step,
     audp_step,
@@ -33,6 +30,9 @@ from fl_examples.mapa import (
     train,
     updates_to_loss,
 )
+from fl_examples.mapa.run import _Run
+from fl_examples.mapa.schedule import _mechanism
+from fl_examples.mapa.uploads import _pool
 from privkit.accountants.rules import NeighboringRelation
 from privkit.cli import main
 from privkit.errors import InvalidParameterError, UnsupportedEventError
@@ -132,7 +132,7 @@ def test_noise_variance_modes():
 
 # ----------------------------------------------------------------------------- noise law
 def _run(cfg, ds, ledger=None, alg="audp"):
-    ops = _LogRegOps(ds.num_features, ds.num_classes)
+    ops = MultinomialLogReg(ds.num_features, ds.num_classes)
     sched = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed)
     return _Run(alg, cfg, ops, _pool(ds, torch.device("cpu")), sched, ledger,
                 torch.device("cpu"))
@@ -216,13 +216,13 @@ def test_ledger_charges_each_upload_once(tmp_path, digits8):
 
 def test_budget_stop_before_any_noise(tmp_path, digits8, monkeypatch):
     draws = []
-    real = mapa_mod.l2_laplace_noise
+    real = mapa_uploads.l2_laplace_noise
 
     def spy(tree, alpha, *, rng):
         draws.append(1)
         return real(tree, alpha, rng=rng)
 
-    monkeypatch.setattr(mapa_mod, "l2_laplace_noise", spy)
+    monkeypatch.setattr(mapa_uploads, "l2_laplace_noise", spy)
     one = privkit.epsilon(privkit.SelfComposedDpEvent(privkit.L2LaplaceDpEvent(1.0, 650), 5),
                           1e-3, "optimal").epsilon
     cfg = MapaConfig(**SMALL, epsilon=1.0, epsilon_budget=one * (1 + 1e-9))  # 5 uploads each
@@ -246,7 +246,7 @@ def test_cnn_on_a_tiny_idx_fixture(tmp_path):
                      eval_every=6, epsilon=5.0, variance="paper")
     a = run_algorithm("mapa", cfg)
     b = run_algorithm("mapa", MapaConfig(**(cfg.__dict__ | {"batched": False})))
-    assert a["_model"].shape == (MapaCNN().num_parameters,) == (4380,)
+    assert a["_model"].shape == (PooledCNN().num_parameters,) == (4380,)
     assert torch.allclose(a["_model"], b["_model"], rtol=1e-4, atol=1e-5)
     assert a["privacy"]["uploads_mean"] == pytest.approx(4.0)
     with pytest.raises(InvalidParameterError, match="model"):

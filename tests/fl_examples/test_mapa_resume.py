@@ -17,7 +17,10 @@ import fl_examples.mapa as mapa_mod
 import privkit
 from fl_examples.core import checkpoint  # every trainer saves through it
 from fl_examples.core.checkpoint import CheckpointError
-from fl_examples.mapa import MapaConfig, _LogRegOps, _pool, _Run, load_edges, run_algorithm
+from fl_examples.core.models import MultinomialLogReg
+from fl_examples.mapa import MapaConfig, load_edges, run_algorithm
+from fl_examples.mapa.run import _Run
+from fl_examples.mapa.uploads import _pool
 from privkit.cli import main
 from privkit.errors import LedgerMismatchError, LedgerRollbackError
 from privkit.ledger import Ledger
@@ -160,7 +163,7 @@ def test_the_charge_plan_is_what_the_ledger_records(batched, digits8, tmp_path):
                                                                 separators=(",", ":")),
                  es[0]["round"], es[0]["step"]) for es in calls.values()]
     ds = digits8
-    fresh = _Run("mapa", cfg, _LogRegOps(ds.num_features, ds.num_classes),
+    fresh = _Run("mapa", cfg, MultinomialLogReg(ds.num_features, ds.num_classes),
                  _pool(ds, torch.device("cpu")), mapa_mod.simulate(
                      8, 120, cfg.timing(), seed=3, tau_max=2), None, torch.device("cpu"))
     assert fresh._plan(fresh.end) == recorded

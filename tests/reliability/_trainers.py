@@ -262,10 +262,12 @@ def _mapa_budget_case(algorithm: str) -> BudgetCase:
 
     def budget(k: int) -> float:
         from fl_examples import mapa
+        from fl_examples.core.models import num_parameters
+        from fl_examples.mapa.privacy import _upload_event
 
         cfg = mapa.MapaConfig(**base)
         ds = mapa.load_edges(cfg.dataset, edges=cfg.edges, seed=cfg.seed)
-        ev = mapa._upload_event(cfg, 2.0, mapa._ops(cfg.model, ds).dim)  # noqa: SLF001
+        ev = _upload_event(cfg, 2.0, num_parameters(mapa.make_model(cfg.model, ds)))
         return _per_client_budget([ev], k, cfg.delta, "optimal")
 
     def run_it(budget: float, out: Path) -> dict[str, Any]:
@@ -283,8 +285,8 @@ def _mapa_budget_case(algorithm: str) -> BudgetCase:
 
     return BudgetCase(
         f"{algorithm}-uploads", budget, run_it,
-        _SAMPLERS + (("fl_examples.mapa", "l2_laplace_noise"),
-                     ("fl_examples.mapa", "laplace_noise")),
+        _SAMPLERS + (("fl_examples.mapa.uploads", "l2_laplace_noise"),
+                     ("fl_examples.mapa.uploads", "laplace_noise")),
         stopped=lambda res: res["privacy"].get("stopped", ""),
         rounds_done=lambda res: res["privacy"]["uploads_max"],
         rounds_charged=per_edge_max,

@@ -1,0 +1,223 @@
+"""MAPA's configuration, its edges' data and its model.
+
+:class:`MapaConfig` holds everything a run needs (saved in the report so the run can be
+repeated); :func:`load_edges` partitions a data set over the edge servers; :func:`make_model`
+is the core model an edge trains (:class:`~fl_examples.core.models.MultinomialLogReg` or the
+testbed CNN :class:`~fl_examples.core.deep_models.PooledCNN`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fl_examples.core.asyncsim import TimingModel
+from fl_examples.core.data import FederatedDataset, SyntheticPreset, digits, synthetic
+from fl_examples.core.deep_models import PooledCNN
+from fl_examples.core.models import MultinomialLogReg, PerExampleModel
+from fl_examples.core.run import check_shared_settings
+from fl_examples.mapa.schedule import NOISES, VARIANCES, _check_theta
+from privkit import _validate
+from privkit.errors import InvalidParameterError
+
+__all__ = ["ALGORITHMS", "SAMPLERS", "MapaConfig", "load_edges", "make_model"]
+
+ALGORITHMS = ("mapa", "audp", "asgd")
+
+
+SAMPLERS = ("distinct", "poisson")
+
+
+@dataclass(frozen=True)
+class MapaConfig:
+    """Everything a run needs; saved in the report so the run can be repeated.
+
+    Attributes:
+        dataset: ``digits`` / ``digits:iid`` (IID over the edges), ``digits:K`` (K classes per
+            edge), ``synthetic:ALPHA,BETA[:PRESET]``, ``synthetic:iid[:PRESET]`` (PRESET
+            ``paper`` 20-d, ``fedprox`` 60-d) or ``mnist:DIR`` (IDX files you provide; IID).
+        model: ``logreg`` or ``cnn`` (the paper's CNN, 28x28 inputs only).
+        edges: K, the number of edge servers (each holds one partition of the data).
+        batch: b, distinct records per upload (``poisson``: the expected number, and the
+            release's denominator); every edge needs >= b training records.
+        updates: applied cloud updates T.
+        epsilon: eps_k of every edge (one number), or one per edge (a tuple of K).
+        delta: Thm 3's delta, also the delta every composed epsilon is reported at.
+        theta, sigma, lipschitz, r0: MAPA's theta, sigma, L and R (testbed: 0.5, 30, 10, 50).
+        tau_max: drop uploads staler than this, and use it in the step sizes; None: nothing is
+            dropped and the step sizes use K - 1 (the mean staleness of K always-busy edges).
+        noise: ``l2`` (L2-norm Laplace, default) or ``l1`` (per-coordinate Laplace).
+        variance: ``sound`` (the noise's true E||eta||^2 in Delta_b) or ``paper``.
+        audp_clip: AUDP's fixed per-example clip G (testbed 4, DeltaS = 8/b).
+        asgd_sigma: ASGD's sigma (testbed 5).
+        speed_dist, link_dist, compute_time_s, link_time_s, cloud_time_s, jitter: the
+            simulator's :class:`~fl_examples.core.asyncsim.TimingModel`.
+        seed: root of every random stream (timing, init, batches, noise), shared by all
+            algorithms of a comparison.
+        eval_every: evaluate every this many applied updates (and at 0 and the end).
+        epsilon_budget: per-edge budget at ``delta``; the run stops before the first upload
+            that would exceed it (None: no budget).
+        target_loss: an extra absolute training-loss target for the comparison.
+        device: ``auto``, ``cpu`` or ``cuda[:N]``.
+        batched: compute pending uploads together (default); False: one at a time, through
+            ``LaplaceGradientNoise.__call__`` (the reference path).
+        batch_sampler: ``distinct`` (b distinct records per upload, default) or ``poisson``
+            (each record independently with probability q_k = b / n_k; the clipped sum is
+            divided by b).
+        amplification: price uploads with amplification by Poisson subsampling (add/remove
+            neighbours, sampler outcome secret); only with ``batch_sampler="poisson"``.
+        checkpoint_every: with an output directory, checkpoint every this many applied
+            updates (and at the end) into ``OUT/checkpoints/<algorithm>/``; 0: never.
+    """
+
+    dataset: str = "digits"
+    model: str = "logreg"
+    edges: int = 30
+    batch: int = 24
+    updates: int = 2000
+    epsilon: float | tuple[float, ...] = 1.0
+    delta: float = 1e-3
+    theta: float = 0.5
+    sigma: float = 30.0
+    lipschitz: float = 10.0
+    r0: float = 50.0
+    tau_max: int | None = None
+    noise: str = "l2"
+    variance: str = "sound"
+    audp_clip: float = 4.0
+    asgd_sigma: float = 5.0
+    speed_dist: str = "lognormal:0,1"
+    link_dist: str = "constant"
+    compute_time_s: float = 1.0
+    link_time_s: float = 0.1
+    cloud_time_s: float = 0.0
+    jitter: str = "exponential"
+    seed: int = 0
+    eval_every: int = 50
+    epsilon_budget: float | None = None
+    target_loss: float | None = None
+    device: str = "cpu"
+    batched: bool = True
+    batch_sampler: str = "distinct"
+    amplification: bool = False
+    checkpoint_every: int = 0
+
+    def __post_init__(self) -> None:
+        k = _validate.positive_int("edges", self.edges)
+        _validate.positive_int("batch", self.batch)
+        _validate.positive_int("updates", self.updates)
+        eps = self.epsilon
+        if isinstance(eps, (list, tuple, np.ndarray)):
+            vals = tuple(_validate.positive(f"epsilon[{i}]", e) for i, e in enumerate(eps))
+            if len(vals) not in (1, k):
+                raise InvalidParameterError("epsilon", eps, f"one value or {k} (one per edge)")
+            object.__setattr__(self, "epsilon", vals if len(vals) > 1 else vals[0])
+        else:
+            object.__setattr__(self, "epsilon", _validate.positive("epsilon", eps))
+        check_shared_settings(self)  # delta, budget, seed, eval/checkpoint grid
+        _check_theta(self.theta)
+        _validate.positive("sigma", self.sigma)
+        _validate.positive("lipschitz", self.lipschitz)
+        _validate.positive("r0", self.r0)
+        if self.tau_max is not None:
+            _validate.nonnegative_int("tau_max", self.tau_max)
+        if self.noise not in NOISES:
+            raise InvalidParameterError("noise", self.noise, "l2 or l1")
+        if self.variance not in VARIANCES:
+            raise InvalidParameterError("variance", self.variance, "sound or paper")
+        _validate.positive("audp_clip", self.audp_clip)
+        _validate.positive("asgd_sigma", self.asgd_sigma)
+        if self.model not in ("logreg", "cnn"):
+            raise InvalidParameterError("model", self.model, "logreg or cnn")
+        self.timing()  # validates the simulator settings
+        if self.target_loss is not None:
+            _validate.positive("target_loss", self.target_loss)
+        if not isinstance(self.batched, bool):
+            raise InvalidParameterError("batched", self.batched, "a bool")
+        if self.batch_sampler not in SAMPLERS:
+            raise InvalidParameterError("batch_sampler", self.batch_sampler,
+                                        "distinct or poisson")
+        if not isinstance(self.amplification, bool):
+            raise InvalidParameterError("amplification", self.amplification, "a bool")
+        if self.amplification and self.batch_sampler != "poisson":
+            raise InvalidParameterError(
+                "amplification", self.amplification,
+                "used only with batch_sampler='poisson' (a Poisson sampler whose outcome stays "
+                "secret); a batch of b distinct records gets no amplification")
+
+    def timing(self) -> TimingModel:
+        return TimingModel(self.speed_dist, self.link_dist, self.compute_time_s,
+                           self.link_time_s, self.cloud_time_s, self.jitter)
+
+    def epsilons(self) -> np.ndarray:
+        """eps_k per edge (float64, length K)."""
+        e = self.epsilon
+        return np.asarray(e if isinstance(e, tuple) else [e] * self.edges, dtype=np.float64)
+
+    def tau(self) -> int:
+        """The staleness bound the step sizes use: tau_max, else K - 1."""
+        return self.tau_max if self.tau_max is not None else self.edges - 1
+
+
+def load_edges(spec: str, *, edges: int, seed: int) -> FederatedDataset:
+    """The data set of ``spec`` partitioned over ``edges`` edge servers (see MapaConfig)."""
+    forms = ("digits[:iid|:K], synthetic:ALPHA,BETA[:paper|:fedprox], synthetic:iid[:PRESET] "
+             "or mnist:DIR")
+    if not isinstance(spec, str):
+        raise InvalidParameterError("dataset", spec, forms)
+    k = _validate.positive_int("edges", edges)
+    name, _, rest = spec.strip().partition(":")
+    name = name.lower()
+    if name == "digits":
+        if rest in ("", "iid"):
+            return digits(rng=seed, num_clients=k, classes_per_client=None)
+        try:
+            per = int(rest)
+        except ValueError:
+            raise InvalidParameterError("dataset", spec, forms) from None
+        if not 1 <= per <= 10:
+            raise InvalidParameterError("dataset", spec, "digits:K with 1 <= K <= 10")
+        return digits(rng=seed, num_clients=k, classes_per_client=per)
+    if name == "synthetic":
+        args = rest.split(":")
+        presets = {"paper": SyntheticPreset.UPCYCLED_PAPER, "fedprox": SyntheticPreset.FEDPROX}
+        preset = presets.get(args[1].lower()) if len(args) == 2 else presets["paper"]
+        if not rest or len(args) > 2 or preset is None:
+            raise InvalidParameterError("dataset", spec, forms)
+        if args[0].lower() == "iid":
+            return synthetic(0.0, 0.0, rng=seed, num_clients=k, preset=preset, iid=True)
+        try:
+            a, b = (float(t) for t in args[0].split(","))
+        except ValueError:
+            raise InvalidParameterError("dataset", spec, forms) from None
+        return synthetic(a, b, rng=seed, num_clients=k, preset=preset)
+    if name == "mnist":
+        if not rest or not Path(rest).is_dir():
+            raise InvalidParameterError("dataset", spec, "mnist:DIR with an existing directory")
+        from fl_examples.core.idx import load_mnist
+
+        return load_mnist(rest, rng=seed, num_clients=k)
+    raise InvalidParameterError("dataset", spec, forms)
+
+
+def _check_data(cfg: MapaConfig, ds: FederatedDataset) -> None:
+    if ds.num_clients != cfg.edges:
+        raise InvalidParameterError("edges", cfg.edges, f"the data set's {ds.num_clients} edges")
+    smallest = int(ds.train_sizes.min())
+    if smallest < cfg.batch:
+        raise InvalidParameterError(
+            "batch", cfg.batch, f"<= the smallest edge's training set ({smallest} records, "
+            f"{cfg.edges} edges): b distinct records per upload; use fewer edges or a smaller "
+            "batch")
+
+
+def make_model(model: str, ds: FederatedDataset) -> PerExampleModel:
+    """The model every edge of a run trains: ``logreg`` or ``cnn`` (28x28 images only)."""
+    if model == "cnn":
+        if ds.num_features != 784:
+            raise InvalidParameterError("model", "cnn", "used with 28x28 images (mnist:DIR), "
+                                        f"not {ds.num_features} features")
+        return PooledCNN(num_classes=ds.num_classes)
+    return MultinomialLogReg(ds.num_features, ds.num_classes)

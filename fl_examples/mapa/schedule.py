@@ -1,0 +1,187 @@
+"""MAPA's step sizes and stage schedule, and the AUDP / ASGD step sizes (public constants only).
+
+Spec ``mapa.md`` section 4: Thm 3's first sensitivity, the per-stage shrink, each stage's step
+size and length; :func:`noise_variance` is the ``Delta_0`` the formulas use. Nothing here
+touches data, so none of it costs privacy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privkit import _validate
+from privkit.errors import InvalidParameterError
+from privkit.mechanisms import LaplaceGradientNoise, NoiseShape
+
+__all__ = ["NOISES", "VARIANCES", "initial_sensitivity", "noise_variance", "Stage",
+           "MapaSchedule", "audp_step", "asgd_step"]
+
+NOISES = {"l2": NoiseShape.L2, "l1": NoiseShape.L1}
+
+
+VARIANCES = ("sound", "paper")
+
+
+def initial_sensitivity(sigma: float, batch: int, delta: float) -> float:
+    """Thm 3: DeltaS_0 = 2 sigma / (b sqrt(1 - sqrt(1 - delta))) (spec ``mapa.md`` section 4).
+
+    It bounds the *realised* sensitivity with probability >= 1 - delta; privkit only uses it
+    as the first clip bound (``C_0 = b DeltaS_0 / 2``) and always clips.
+
+    Examples:
+        >>> round(initial_sensitivity(30, 24, 1e-3), 6)
+        111.789419
+    """
+    s = _validate.positive("sigma", sigma)
+    b = _validate.positive_int("batch", batch)
+    d = _validate.delta("delta", delta)
+    one_minus_root = -math.expm1(0.5 * math.log1p(-d))  # 1 - sqrt(1 - delta), no cancellation
+    return 2.0 * s / (b * math.sqrt(one_minus_root))
+
+
+def _mechanism(delta_s: float, batch: int, epsilon: float, noise: str) -> LaplaceGradientNoise:
+    """The upload mechanism whose sensitivity is ``delta_s``: clip C = b DeltaS / 2."""
+    return LaplaceGradientNoise(l2_clip_norm=batch * delta_s / 2.0, batch_size=batch,
+                                epsilon=epsilon, shape=NOISES[noise])
+
+
+def noise_variance(delta_s: float, epsilon: float, dim: int, *, batch: int, noise: str = "l2",
+                   variance: str = "sound") -> float:
+    """Delta_0: E||eta||^2 of one upload's noise at sensitivity ``delta_s``.
+
+    ``sound``: the mechanism's true value, d(d+1) (DeltaS/eps)^2 for ``l2`` and
+    2 d^2 (DeltaS/eps)^2 for ``l1``. ``paper``: 2 DeltaS^2 / eps^2, the 1-D Laplace variance
+    the paper uses (it understates the l2 noise by d(d+1)/2).
+    """
+    if variance not in VARIANCES:
+        raise InvalidParameterError("variance", variance, "sound or paper")
+    if noise not in NOISES:
+        raise InvalidParameterError("noise", noise, "l2 or l1")
+    if variance == "paper":
+        return 2.0 * (_validate.positive("delta_s", delta_s)
+                      / _validate.positive("epsilon", epsilon)) ** 2
+    return _mechanism(delta_s, batch, epsilon, noise).noise_variance(dim)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One MAPA stage: updates ``start .. start + length - 1`` (1-based) use these values."""
+
+    index: int
+    start: int
+    delta_s: float
+    clip: float
+    delta_0: float
+    delta_b: float
+    raw_p: float
+    p: float
+    gamma: float
+    length: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class MapaSchedule:
+    """MAPA's stage schedule (cloud lines C3-C16); public constants only, so it costs no privacy.
+
+    Args:
+        sigma: the gradient-noise constant sigma (Delta_b's sigma^2/b), > 0.
+        batch: b, records per upload.
+        delta: Thm 3's failure probability, in (0, 1).
+        epsilon0: min_k eps_k, the budget the cloud schedules with.
+        lipschitz: L, > 0.
+        r0: R, the estimate of f(x_1) - f*, > 0.
+        tau: the staleness bound used in the formulas, >= 0.
+        theta: the per-stage shrink factor, in (0, 1).
+        dim: d, the number of model coordinates.
+        noise: the noise shape (``l2`` or ``l1``), see :func:`noise_variance`.
+        variance: ``sound`` (the noise's true variance) or ``paper``, see
+            :func:`noise_variance`.
+
+    Examples:
+        >>> s = MapaSchedule(sigma=30, batch=24, delta=1e-3, epsilon0=1, lipschitz=10, r0=50,
+        ...                  tau=3, theta=0.5, dim=4380, variance="paper")
+        >>> [s.stage(i).length for i in range(5)]
+        [2, 6, 21, 75, 237]
+    """
+
+    def __init__(self, *, sigma: float, batch: int, delta: float, epsilon0: float,
+                 lipschitz: float, r0: float, tau: int, theta: float, dim: int,
+                 noise: str = "l2", variance: str = "sound") -> None:
+        self.sigma = _validate.positive("sigma", sigma)
+        self.batch = _validate.positive_int("batch", batch)
+        self.delta = _validate.delta("delta", delta)
+        self.epsilon0 = _validate.positive("epsilon", epsilon0)
+        self.lipschitz = _validate.positive("lipschitz", lipschitz)
+        self.r0 = _validate.positive("r0", r0)
+        self.tau = _validate.nonnegative_int("tau_max", tau)
+        self.theta = _check_theta(theta)
+        self.dim = _validate.positive_int("dim", dim)
+        noise_variance(1.0, 1.0, 1, batch=1, noise=noise, variance=variance)  # validate names
+        self.noise, self.variance = noise, variance
+        self._stages: list[Stage] = []
+        self._ends: list[int] = []  # last update of each stage
+
+    def _make(self, index: int, start: int, delta_s: float) -> Stage:
+        b, tau1, lip = self.batch, self.tau + 1, self.lipschitz
+        d0 = noise_variance(delta_s, self.epsilon0, self.dim, batch=b, noise=self.noise,
+                            variance=self.variance)
+        db = self.sigma**2 / b + d0
+        raw = 8.0 * db / (self.theta**2 * b**2 * delta_s**2 * tau1)
+        p = max(1.0, raw)
+        gamma = 1.0 / (2.0 * lip * p * tau1)
+        length = max(1, math.ceil(4.0 * lip * p**2 * tau1**2 * self.r0 / db))
+        return Stage(index, start, delta_s, b * delta_s / 2.0, d0, db, raw, p, gamma, length)
+
+    def stage(self, index: int) -> Stage:
+        """Stage ``index`` (0-based), computed on demand."""
+        i = _validate.nonnegative_int("index", index)
+        while len(self._stages) <= i:
+            if not self._stages:
+                st = self._make(0, 1, initial_sensitivity(self.sigma, self.batch, self.delta))
+            else:
+                prev = self._stages[-1]
+                st = self._make(prev.index + 1, prev.start + prev.length,
+                                self.theta * prev.delta_s)
+            if not (st.delta_s > 0 and math.isfinite(st.gamma)):
+                raise InvalidParameterError("theta", self.theta, "a schedule whose DeltaS stays "
+                                            f"positive (stage {st.index} underflows)")
+            self._stages.append(st)
+            self._ends.append(st.start + st.length - 1)
+        return self._stages[i]
+
+    def for_update(self, t: int) -> Stage:
+        """The stage of update ``t`` (1-based)."""
+        t = _validate.positive_int("t", t)
+        while not self._ends or self._ends[-1] < t:
+            self.stage(len(self._stages))
+        return self._stages[int(np.searchsorted(self._ends, t))]
+
+    def stages_through(self, t: int) -> list[Stage]:
+        """Every stage that updates 1..t touch."""
+        last = self.for_update(max(t, 1)).index
+        return self._stages[: last + 1]
+
+
+def audp_step(t: int, *, lipschitz: float, tau: int, delta_b: float) -> float:
+    """AUDP's gamma_t = 1 / (2 L (tau+1) + sqrt(Delta_b t)), t = updates applied before (from 0)."""
+    return 1.0 / (2.0 * lipschitz * (tau + 1) + math.sqrt(delta_b * t))
+
+
+def asgd_step(t: int, *, lipschitz: float, tau: int, sigma: float, r0: float,
+              batch: int) -> float:
+    """ASGD's gamma_t = 1 / (L (tau+1)^2 + sigma sqrt(t+1) / (R sqrt(b))), t from 0."""
+    return 1.0 / (lipschitz * (tau + 1) ** 2 + sigma * math.sqrt(t + 1) / (r0 * math.sqrt(batch)))
+
+
+def _check_theta(theta: Any) -> float:
+    th = _validate.real("theta", theta)
+    if not (math.isfinite(th) and 0 < th < 1):
+        raise InvalidParameterError("theta", theta, "in (0, 1)")
+    return th

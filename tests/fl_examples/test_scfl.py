@@ -201,7 +201,7 @@ def test_makeup_term_helps_on_synthetic_regression():
 def test_resume_is_exact(tmp_path: Path):
     cfg = ScflConfig(**(FAST | dict(checkpoint_every=4)))
     full = train(cfg, algorithms="scfl", out=tmp_path / "a")["algorithms"]["scfl"]
-    from fl_examples.scfl import _setup, run_method
+    from fl_examples.scfl.run import _setup, run_method
 
     sh = _setup(cfg, [ScflMethod.SCFL])
     run_method(ScflMethod.SCFL, sh, out=tmp_path / "b", stop_after=8)

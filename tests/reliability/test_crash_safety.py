@@ -314,7 +314,9 @@ def test_scfl_resume_keeps_the_coded_upload_of_the_first_start(tmp_path, monkeyp
 
     ckpt = out / "checkpoints" / "scfl"
     first = load_file(ckpt / "ckpt-000003" / "tensors.safetensors")
-    fresh = scfl._code(cfg, scfl.load_data(cfg), None)  # noqa: SLF001 - what a recoding gives
+    from fl_examples.scfl.run import _code
+
+    fresh = _code(cfg, scfl.load_data(cfg), None)  # what a recoding gives
     assert not np.array_equal(fresh[0], first["coded_x"])
     res = scfl.train(cfg, algorithms="scfl", out=out, resume=True)
     last = load_file(ckpt / (ckpt / "LATEST").read_text().strip() / "tensors.safetensors")

@@ -25,7 +25,8 @@ import fl_examples.core.report as report_mod
 import fl_examples.dprec as dprec_mod
 from fl_examples.core.checkpoint import CheckpointError
 from fl_examples.core.seeds import SeedTree
-from fl_examples.dprec import DPRecConfig, _Run, load_dataset, run_algorithm, train
+from fl_examples.dprec import DPRecConfig, load_dataset, run_algorithm, train
+from fl_examples.dprec.run import _Run
 from privkit.cli import main
 from privkit.errors import InvalidParameterError, LedgerMismatchError, LedgerRollbackError
 from privkit.ledger import Ledger

@@ -1,64 +1,24 @@
-"""DP-REC (private, compressed FedAvg through relative entropy coding) and a DP-FedAvg baseline.
+"""One DP-REC or DP-FedAvg run on the trainer skeleton: a step is one round.
 
-DP-REC (Triastcyn, Reisser & Louizos, arXiv 2111.05454, Algorithms 3-6): each round the server
-makes ``clients_per_round`` independent uniform draws *with replacement* from the N clients.
-Each drawn client trains locally from the global model, clips its update to ``l2_clip``, and
-sends it through REC (:func:`privkit.mechanisms.rec.encode`: a fresh 128-bit seed plus one
-``bits``-bit index per group). The server decodes every message and averages them
-(FedAvg server step with ``server_lr``). No noise is added: the REC selection is the noise.
-
-DP-FedAvg (McMahan et al. 2018, central DP): each round samples ``clients_per_round`` distinct
-clients, clips each update to ``l2_clip``, and adds N(0, (2 C z)^2 I) to the *sum*
-(replace-one sensitivity 2C), divided by the number of clients. Its noise multiplier z is
-calibrated so that after ``rounds`` rounds its (replace-one, amplified) epsilon equals DP-REC's
-central epsilon (:func:`calibrate_dpfedavg`).
-
-Privacy: every client's *local* guarantee (its own messages composed, no amplification) is
-charged on a per-algorithm :class:`privkit.ledger.Ledger` (``OUT/ledger-<alg>.jsonl``,
-replace-one) before any message is encoded; the *central* guarantee (amplified by secret
-sampling) is priced each round with :mod:`privkit.accountants.rec` (DP-REC: T |S'|
-with-replacement draws at rate 1/N, Wang-Balle-Kasiviswanathan) or dp-accounting's RDP of
-sampling without replacement (DP-FedAvg), and the run stops before a round that would take it
-over ``epsilon_budget``.
-
-Communication: DP-REC uplink is ``128 + M * bits`` per message; downlink is the float32 model
-(``32 d`` bits) per participating client per round, or, with ``history_compression``, the
-(seed, indices) messages of every round since that client last participated when that is
-shorter (plus one flag bit; a first-time client also gets a 128-bit initialisation seed);
-clients replay the server's deterministic FedAvg step. DP-FedAvg sends ``32 d`` bits each way.
-
-Checkpoints (``checkpoint_every``): ``OUT/checkpoints/<alg>/`` holds the model, the server
-state (seen seeds, downlink bookkeeping), bit counters, history and the ledger pointer; every
-random stream of a round comes from the seed tree by round, so no generator state is needed.
-``resume=True`` reopens the ledgers and continues from the latest checkpoint; charges of rounds
-that were charged but not checkpointed (a crash after the write-ahead charge) are recognised
-and adopted, never made twice, so the finished run equals an uninterrupted one bitwise except
-for the wall-clock fields ``wall_time_s`` and ``client_compute_s``. An older checkpoint or an
-older ledger than the other is refused (:meth:`_Run.adopt`).
-
-Run it as ``privkit train dprec --dataset digits --clients 100 --clients-per-round 10
---bits 8 --groups per-layer --l2-clip 0.5 --stddev 1.0 --rounds 200 --compare dpfedavg
---out DIR`` (add ``--checkpoint-every N``, and ``--resume`` after a crash).
+A round draws its clients (with replacement for DP-REC), charges them on the ledger before
+anything is released, trains them locally from the global model, and aggregates: every update
+REC-encoded and decoded (DP-REC), or clipped, summed and noised (DP-FedAvg). The downlink is
+counted per participating client (the model, or the message history when shorter).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from fl_examples.core.data import FederatedDataset, Split, digits, parse_dataset_spec
-from fl_examples.core.deep_models import CNN
+from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.core.local import local_sgd
-from fl_examples.core.models import MultinomialLogReg, num_parameters
-from fl_examples.core.report import Column, text_table, write_report
+from fl_examples.core.models import num_parameters
 from fl_examples.core.rounds import (
     broadcast,
     evaluate,
@@ -70,190 +30,23 @@ from fl_examples.core.rounds import (
 from fl_examples.core.run import (
     TrainerRun,
     adopt_round_charges,
-    check_shared_settings,
     checkpoint_dir,
     drive,
     open_ledger,
 )
 from fl_examples.core.seeds import SeedTree
-from privkit import _validate
+from fl_examples.dprec.accounting import dpfedavg_central_epsilon, dprec_central_epsilon
+from fl_examples.dprec.config import ALGORITHMS, FLOAT_BITS, REPLACE_ONE, DPRecConfig, _model
 from privkit._journal import canonical_json
-from privkit.accountants import rdp, rules
-from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent, rec_run_event
-from privkit.accountants.rules import NeighboringRelation
+from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent
 from privkit.errors import InvalidParameterError
-from privkit.events import (
-    GaussianDpEvent,
-    SampledWithoutReplacementDpEvent,
-    SelfComposedDpEvent,
-    event_to_dict,
-)
+from privkit.events import GaussianDpEvent, event_to_dict
 from privkit.ledger import Ledger, LedgerPointer
 from privkit.mechanisms import rec, sampling
 
-__all__ = ["ALGORITHMS", "DPRecConfig", "train", "run_algorithm", "calibrate_dpfedavg",
-           "dprec_central_epsilon", "dpfedavg_central_epsilon", "final_table"]
-
-ALGORITHMS = ("dprec", "dpfedavg")
-REPLACE_ONE = NeighboringRelation.REPLACE_ONE
-FLOAT_BITS = 32
+__all__ = ["run_algorithm"]
 
 
-@dataclass(frozen=True)
-class DPRecConfig:
-    """Everything a run needs; saved in the report.
-
-    Attributes:
-        dataset: ``digits`` (split over ``clients`` clients, ``digits_classes`` classes each),
-            ``synthetic:A,B``, ``femnist:DIR``, ... (:func:`parse_dataset_spec`).
-        clients: N for ``digits`` (other data sets bring their own client count).
-        digits_classes: classes per client for ``digits`` (0: IID).
-        model: ``logreg`` or ``cnn`` (a small CNN: 3 channels, one hidden layer of 100).
-        clients_per_round: |S'|, draws per round (with replacement for DP-REC).
-        rounds: T.
-        bits: b, REC bits per group (K = 2**b).
-        groups: REC grouping: ``per-layer`` (= per-tensor), ``whole``, ``per-parameter`` or
-            ``chunks:N``.
-        l2_clip: C, the update clip norm (both algorithms).
-        stddev: sigma, REC prior/target std (DP-REC's noise).
-        local_epochs, batch_size, lr: local SGD (no momentum).
-        server_lr: FedAvg server step on the averaged update.
-        delta: delta of every epsilon.
-        epsilon_budget: central-epsilon budget; the run stops before exceeding it.
-        dpfedavg_noise: DP-FedAvg noise multiplier z (None: calibrated to DP-REC's epsilon).
-        history_compression: send returning clients the message history when shorter.
-        seed: root of the seed tree; device: auto, cpu, cuda; eval_every: rounds between
-            evaluations.
-        checkpoint_every: with an output directory, checkpoint every N rounds (and at the
-            end) into ``OUT/checkpoints/<algorithm>/``; 0: never.
-    """
-
-    dataset: str = "digits"
-    clients: int = 100
-    digits_classes: int = 0
-    model: str = "logreg"
-    clients_per_round: int = 10
-    rounds: int = 200
-    bits: int = 8
-    groups: str = "per-layer"
-    l2_clip: float = 0.5
-    stddev: float = 1.0
-    local_epochs: int = 1
-    batch_size: int = 16
-    lr: float = 0.5
-    server_lr: float = 1.0
-    delta: float = 1e-5
-    epsilon_budget: float | None = None
-    dpfedavg_noise: float | None = None
-    history_compression: bool = True
-    seed: int = 0
-    device: str = "auto"
-    eval_every: int = 5
-    checkpoint_every: int = 0
-
-    def __post_init__(self) -> None:
-        _validate.positive_int("clients", self.clients)
-        d = _validate.nonnegative_int("digits_classes", self.digits_classes)
-        if d > 10:
-            raise InvalidParameterError("digits_classes", d, "in [0, 10]")
-        if self.model not in ("logreg", "cnn"):
-            raise InvalidParameterError("model", self.model, "logreg or cnn")
-        _validate.positive_int("clients_per_round", self.clients_per_round)
-        _validate.positive_int("rounds", self.rounds)
-        if isinstance(self.bits, bool) or not isinstance(self.bits, int) \
-                or not rec.MIN_BITS <= self.bits <= rec.MAX_BITS:
-            raise InvalidParameterError("bits", self.bits, "an integer in [1, 24]")
-        rec._check_grouping(self.groups)  # noqa: SLF001 - same validation as the mechanism
-        if self.groups not in ("per-layer", "per-tensor", "whole", "per-parameter") \
-                and not self.groups.startswith("chunks:"):
-            raise InvalidParameterError("groups", self.groups,
-                                        "per-layer, whole, per-parameter or chunks:N")
-        _validate.positive("l2_clip", self.l2_clip)
-        _validate.positive("stddev", self.stddev)
-        _validate.positive("server_lr", self.server_lr)
-        if self.dpfedavg_noise is not None:
-            _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
-        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
-
-
-def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
-    """``digits`` over ``cfg.clients`` clients, else :func:`parse_dataset_spec`."""
-    name = cfg.dataset.strip().lower()
-    if name == "digits":
-        return digits(rng=cfg.seed, num_clients=cfg.clients,
-                      classes_per_client=cfg.digits_classes or None)
-    return parse_dataset_spec(cfg.dataset, seed=cfg.seed)
-
-
-def _model(cfg: DPRecConfig, ds: FederatedDataset) -> Any:
-    if cfg.model == "cnn":
-        side = math.isqrt(ds.num_features)
-        if side * side != ds.num_features:
-            raise InvalidParameterError("model", "cnn", "used with square images")
-        return CNN(image_size=side, channels=3, hidden=(100,), num_classes=ds.num_classes)
-    return MultinomialLogReg(ds.num_features, ds.num_classes)
-
-
-# ------------------------------------------------------------------ accounting
-@functools.lru_cache(maxsize=64)
-def _curve(atom: Any) -> np.ndarray:
-    """RDP of one use of ``atom`` at privkit's orders (replace-one), computed once."""
-    return rules.rdp_curve(atom, rdp.ORDERS, REPLACE_ONE)
-
-
-def _eps(atom: Any, count: int, delta: float) -> float:
-    """epsilon of ``count`` uses of ``atom`` (the RDP accountant's conversion, reused curve)."""
-    return rdp.epsilon_from_rdp(rdp.ORDERS, count * _curve(atom), delta)[0]
-
-
-def dprec_central_epsilon(cfg: DPRecConfig, num_clients: int, rounds: int,
-                          num_groups: int = 1) -> float:
-    """DP-REC's amplified epsilon after ``rounds`` rounds (T |S'| draws at rate 1/N).
-
-    Equal to ``privkit.epsilon(rec_run_event(...), delta, "rdp",
-    neighboring_relation=REPLACE_ONE)``; the one-draw curve is computed once.
-    """
-    if rounds == 0:
-        return 0.0
-    ev = rec_run_event(noise_multiplier=cfg.stddev / cfg.l2_clip, num_candidates=1 << cfg.bits,
-                       population_size=num_clients, messages=rounds * cfg.clients_per_round,
-                       num_groups=num_groups)
-    return _eps(ev.event, ev.count, cfg.delta)
-
-
-def _dpfedavg_event(z: float, num_clients: int, k: int, rounds: int) -> Any:
-    inner: Any = GaussianDpEvent(z)
-    if k < num_clients:
-        inner = SampledWithoutReplacementDpEvent(num_clients, k, inner)
-    return SelfComposedDpEvent(inner, rounds)
-
-
-def dpfedavg_central_epsilon(z: float, cfg: DPRecConfig, num_clients: int, rounds: int) -> float:
-    """DP-FedAvg's epsilon: ``rounds`` Gaussian sums, sampling without replacement, replace-one."""
-    if rounds == 0:
-        return 0.0
-    ev = _dpfedavg_event(z, num_clients, min(cfg.clients_per_round, num_clients), rounds)
-    return _eps(ev.event, ev.count, cfg.delta)
-
-
-def calibrate_dpfedavg(target: float, cfg: DPRecConfig, num_clients: int) -> float:
-    """The smallest z (bisection on log z to 1e-4 relative) whose epsilon after T rounds is
-    <= target."""
-    lo, hi = 1e-2, 1.0
-    while dpfedavg_central_epsilon(hi, cfg, num_clients, cfg.rounds) > target:
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise InvalidParameterError("epsilon", target, "reachable by DP-FedAvg")
-    while math.log(hi / lo) > 1e-4:
-        mid = math.sqrt(lo * hi)
-        if dpfedavg_central_epsilon(mid, cfg, num_clients, cfg.rounds) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-# ------------------------------------------------------------------ one run
 class _Run(TrainerRun):
     """One algorithm's run (:class:`~fl_examples.core.run.TrainerRun`); a step is one round."""
 
@@ -565,89 +358,3 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
           checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
           stop_after=stop_after)
     return run.report()
-
-
-def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
-          out: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Run DP-REC and the ``compare`` baselines (DP-FedAvg at DP-REC's epsilon); write a report.
-
-    ``resume=True`` continues each algorithm from its latest checkpoint in ``out`` (see
-    :func:`run_algorithm`); the finished report equals that of an uninterrupted run except
-    for the wall-clock fields ``wall_time_s`` and ``client_compute_s``.
-    """
-    for name in compare:
-        if name not in ALGORITHMS:
-            raise InvalidParameterError("compare", name, "dpfedavg")
-    if resume and out is None:
-        raise InvalidParameterError("resume", True, "used with an output directory")
-    ds = load_dataset(cfg)
-    out_path = Path(out) if out is not None else None
-    results: dict[str, Any] = {"dprec": run_algorithm("dprec", cfg, ds, out=out_path,
-                                                      resume=resume)}
-    calibration: dict[str, Any] = {}
-    if "dpfedavg" in compare:
-        if cfg.dpfedavg_noise is not None:
-            z = cfg.dpfedavg_noise
-        else:
-            eps_target = dprec_central_epsilon(cfg, ds.num_clients, cfg.rounds,
-                                               results["dprec"]["privacy"]["num_groups"])
-            z = calibrate_dpfedavg(eps_target, cfg, ds.num_clients)
-            calibration = {"target_epsilon": eps_target, "noise_multiplier": z,
-                           "planned_epsilon": dpfedavg_central_epsilon(z, cfg, ds.num_clients,
-                                                                       cfg.rounds)}
-        results["dpfedavg"] = run_algorithm("dpfedavg", cfg, ds, z=z, out=out_path,
-                                            resume=resume)
-        if calibration:
-            results["dpfedavg"]["privacy"]["calibrated"] = calibration
-    config = dataclasses.asdict(cfg) | {"compare": list(compare),
-                                        "dataset_description": ds.description,
-                                        "num_clients": ds.num_clients}
-    if out_path is not None:
-        write_report(out_path, config, results)
-        _plot_vs_epsilon(out_path, results)
-    return {"config": config, "algorithms": results}
-
-
-def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for name, r in results.items():
-        h = r["history"]
-        ax.plot([x["epsilon"] for x in h], [x["test_accuracy"] for x in h], label=name)
-    ax.set_xlabel("central epsilon (cumulative)")
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "curves_vs_epsilon.png", dpi=110)
-    plt.close(fig)
-
-
-_COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("test acc", 8, ".4f"),
-            Column("uplink bits", 12, ".4g"), Column("downlink bits", 13, ".4g"),
-            Column("eps central", 11, ".4g"), Column("eps local max", 13, ".4g"))
-
-
-def final_table(result: dict[str, Any]) -> str:
-    """Last evaluation, bits and epsilons of each algorithm."""
-    algs = result["algorithms"]
-    lines = text_table(_COLUMNS, [
-        (name, r["history"][-1]["iteration"], r["history"][-1]["test_accuracy"],
-         r["communication"]["uplink_bits"], r["communication"]["downlink_bits"],
-         r["privacy"]["epsilon_central"], r["privacy"]["epsilon_max"])
-        for name, r in algs.items()])
-    if "dpfedavg" in algs:
-        ratio = algs["dpfedavg"]["communication"]["uplink_bits"] / max(
-            algs["dprec"]["communication"]["uplink_bits"], 1)
-        gap = (algs["dpfedavg"]["history"][-1]["test_accuracy"]
-               - algs["dprec"]["history"][-1]["test_accuracy"])
-        lines.append(f"\nuplink compression vs float32 DP-FedAvg: {ratio:.0f}x; accuracy gap "
-                     f"(DP-FedAvg - DP-REC) {gap:+.4f}")
-    delta = result["config"]["delta"]
-    lines.append(f"(epsilons at delta={delta:g}, replace-one; central = amplified by secret "
-                 "sampling, local = no amplification)")
-    return "\n".join(lines)

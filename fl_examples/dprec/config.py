@@ -1,0 +1,118 @@
+"""DP-REC's configuration (saved in the report), its data set and its model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fl_examples.core.data import FederatedDataset, digits, parse_dataset_spec
+from fl_examples.core.deep_models import CNN
+from fl_examples.core.models import MultinomialLogReg
+from fl_examples.core.run import check_shared_settings
+from privkit import _validate
+from privkit.accountants.rules import NeighboringRelation
+from privkit.errors import InvalidParameterError
+from privkit.mechanisms import rec
+
+__all__ = ["ALGORITHMS", "DPRecConfig", "load_dataset"]
+
+
+ALGORITHMS = ("dprec", "dpfedavg")
+REPLACE_ONE = NeighboringRelation.REPLACE_ONE
+FLOAT_BITS = 32
+
+
+@dataclass(frozen=True)
+class DPRecConfig:
+    """Everything a run needs; saved in the report.
+
+    Attributes:
+        dataset: ``digits`` (split over ``clients`` clients, ``digits_classes`` classes each),
+            ``synthetic:A,B``, ``femnist:DIR``, ... (:func:`parse_dataset_spec`).
+        clients: N for ``digits`` (other data sets bring their own client count).
+        digits_classes: classes per client for ``digits`` (0: IID).
+        model: ``logreg`` or ``cnn`` (a small CNN: 3 channels, one hidden layer of 100).
+        clients_per_round: |S'|, draws per round (with replacement for DP-REC).
+        rounds: T.
+        bits: b, REC bits per group (K = 2**b).
+        groups: REC grouping: ``per-layer`` (= per-tensor), ``whole``, ``per-parameter`` or
+            ``chunks:N``.
+        l2_clip: C, the update clip norm (both algorithms).
+        stddev: sigma, REC prior/target std (DP-REC's noise).
+        local_epochs, batch_size, lr: local SGD (no momentum).
+        server_lr: FedAvg server step on the averaged update.
+        delta: delta of every epsilon.
+        epsilon_budget: central-epsilon budget; the run stops before exceeding it.
+        dpfedavg_noise: DP-FedAvg noise multiplier z (None: calibrated to DP-REC's epsilon).
+        history_compression: send returning clients the message history when shorter.
+        seed: root of the seed tree; device: auto, cpu, cuda; eval_every: rounds between
+            evaluations.
+        checkpoint_every: with an output directory, checkpoint every N rounds (and at the
+            end) into ``OUT/checkpoints/<algorithm>/``; 0: never.
+    """
+
+    dataset: str = "digits"
+    clients: int = 100
+    digits_classes: int = 0
+    model: str = "logreg"
+    clients_per_round: int = 10
+    rounds: int = 200
+    bits: int = 8
+    groups: str = "per-layer"
+    l2_clip: float = 0.5
+    stddev: float = 1.0
+    local_epochs: int = 1
+    batch_size: int = 16
+    lr: float = 0.5
+    server_lr: float = 1.0
+    delta: float = 1e-5
+    epsilon_budget: float | None = None
+    dpfedavg_noise: float | None = None
+    history_compression: bool = True
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int = 5
+    checkpoint_every: int = 0
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("clients", self.clients)
+        d = _validate.nonnegative_int("digits_classes", self.digits_classes)
+        if d > 10:
+            raise InvalidParameterError("digits_classes", d, "in [0, 10]")
+        if self.model not in ("logreg", "cnn"):
+            raise InvalidParameterError("model", self.model, "logreg or cnn")
+        _validate.positive_int("clients_per_round", self.clients_per_round)
+        _validate.positive_int("rounds", self.rounds)
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) \
+                or not rec.MIN_BITS <= self.bits <= rec.MAX_BITS:
+            raise InvalidParameterError("bits", self.bits, "an integer in [1, 24]")
+        rec._check_grouping(self.groups)  # noqa: SLF001 - same validation as the mechanism
+        if self.groups not in ("per-layer", "per-tensor", "whole", "per-parameter") \
+                and not self.groups.startswith("chunks:"):
+            raise InvalidParameterError("groups", self.groups,
+                                        "per-layer, whole, per-parameter or chunks:N")
+        _validate.positive("l2_clip", self.l2_clip)
+        _validate.positive("stddev", self.stddev)
+        _validate.positive("server_lr", self.server_lr)
+        if self.dpfedavg_noise is not None:
+            _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
+        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
+
+
+def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
+    """``digits`` over ``cfg.clients`` clients, else :func:`parse_dataset_spec`."""
+    name = cfg.dataset.strip().lower()
+    if name == "digits":
+        return digits(rng=cfg.seed, num_clients=cfg.clients,
+                      classes_per_client=cfg.digits_classes or None)
+    return parse_dataset_spec(cfg.dataset, seed=cfg.seed)
+
+
+def _model(cfg: DPRecConfig, ds: FederatedDataset) -> Any:
+    if cfg.model == "cnn":
+        side = math.isqrt(ds.num_features)
+        if side * side != ds.num_features:
+            raise InvalidParameterError("model", "cnn", "used with square images")
+        return CNN(image_size=side, channels=3, hidden=(100,), num_classes=ds.num_classes)
+    return MultinomialLogReg(ds.num_features, ds.num_classes)

@@ -18,27 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_examples.core.dataset import (
-    TRAIN_FRACTION,
-    DataFormatError,
-    FederatedDataset,
-    PaddedClients,
-    Split,
-    _rng,
-    _train_test,
-    class_assignment,
-    from_partition,
-    partition_by_classes,
-    partition_iid,
-)
+# The container and its helpers live in dataset.py; the names below stay importable from here.
+from fl_examples.core.dataset import TRAIN_FRACTION as TRAIN_FRACTION
+from fl_examples.core.dataset import DataFormatError as DataFormatError
+from fl_examples.core.dataset import FederatedDataset as FederatedDataset
+from fl_examples.core.dataset import PaddedClients as PaddedClients
+from fl_examples.core.dataset import Split as Split
+from fl_examples.core.dataset import _rng, _train_test
+from fl_examples.core.dataset import class_assignment as class_assignment
+from fl_examples.core.dataset import from_partition as from_partition
+from fl_examples.core.dataset import partition_by_classes as partition_by_classes
+from fl_examples.core.dataset import partition_iid as partition_iid
 from privkit import _validate as v
 from privkit.errors import InvalidParameterError
 
-__all__ = [
-    "DataFormatError", "FederatedDataset", "PaddedClients", "Split", "SyntheticPreset",
-    "synthetic", "class_assignment", "partition_by_classes", "partition_iid", "from_partition",
-    "digits", "breast_cancer", "parse_dataset_spec", "DATASET_SPEC_FORMS",
-]  # fmt: skip
+__all__ = ["SyntheticPreset", "synthetic", "digits", "breast_cancer", "parse_dataset_spec",
+           "DATASET_SPEC_FORMS"]
 
 # ---------------------------------------------------------------------------------------------
 # FedProx synthetic data

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_examples.core.deep_models import CNN, StackedLSTM
+from fl_examples.core.deep_models import CNN, PooledCNN, StackedLSTM
 from fl_examples.core.local import ClientData, local_sgd, local_sgd_reference, pad_clients
-from fl_examples.core.models import BatchedModel, flatten, num_parameters
+from fl_examples.core.models import BatchedModel, PerExampleModel, flatten, num_parameters
 from privkit.errors import InvalidParameterError
 
 S_, VOCAB, L_ = 6, 20, 4
@@ -237,3 +237,60 @@ def test_bad_arguments_raise_naming_the_argument(factory, name: str) -> None:
 def test_hidden_list_is_normalised_to_tuple() -> None:
     m = CNN(image_size=4, hidden=[3])
     assert m.hidden == (3,) and hash(m) == hash(CNN(image_size=4, hidden=(3,)))
+
+
+# ------------------------------------------------------------ MAPA's pooled CNN
+
+
+def test_pooled_cnn_is_the_testbed_network() -> None:
+    m = PooledCNN()
+    assert num_parameters(m) == m.num_parameters == 4380 and m.num_features == 784
+    p = {k: v[0] for k, v in m.init(1, generator=_gen(1), dtype=torch.float64).items()}
+    net = nn.Sequential(
+        nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 10, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(10, 10, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(160, 10),
+    ).double()
+    with torch.no_grad():
+        net[1].weight.copy_(p["conv1_w"])
+        net[1].bias.copy_(p["conv1_b"])
+        net[4].weight.copy_(p["conv2_w"])
+        net[4].bias.copy_(p["conv2_b"])
+        net[8].weight.copy_(p["fc_w"].T)
+        net[8].bias.copy_(p["fc_b"])
+    x = torch.randn(5, 784, generator=_gen(2), dtype=torch.float64)
+    torch.testing.assert_close(m.forward_single(p, x), net(x), rtol=0, atol=1e-12)
+
+
+def test_pooled_cnn_init_spec() -> None:
+    p = PooledCNN().init(1, generator=_gen(3))
+    for name in ("conv1_b", "conv2_b", "fc_b"):
+        assert not p[name].any()  # biases start at 0 and draw nothing
+    assert float(p["fc_w"].std()) == pytest.approx(0.01, rel=0.1)
+    assert float(p["conv1_w"].std()) == pytest.approx(1 / 5, rel=0.2)  # N(0, 1/fan_in), 25
+    assert float(p["conv2_w"].std()) == pytest.approx(1 / 250**0.5, rel=0.1)
+    again = PooledCNN().init(1, generator=_gen(3))
+    assert all(torch.equal(p[k], again[k]) for k in p)
+    with pytest.raises(InvalidParameterError, match="image_size"):
+        PooledCNN(image_size=12)
+
+
+@pytest.mark.parametrize("model", [PooledCNN(image_size=16, channels=2, num_classes=3), CNN_M],
+                         ids=["pooled", "cnn"])
+def test_functional_per_example_gradients_match_autograd(model) -> None:
+    assert isinstance(model, PerExampleModel)
+    g = _gen(7)
+    theta = flatten(model.init(3, generator=g, dtype=torch.float64))
+    x = torch.randn(3, 4, model.num_features, generator=g, dtype=torch.float64)
+    y = torch.randint(0, model.num_classes, (3, 4), generator=g)
+    per = model.per_example_grads(theta, x, y)
+    assert per.shape == (3, 4, num_parameters(model))
+    for j in range(3):
+        for i in range(4):
+            flat = theta[j].clone().requires_grad_(True)
+            loss = F.cross_entropy(model.flat_logits(flat, x[j, i:i + 1]), y[j, i:i + 1])
+            (want,) = torch.autograd.grad(loss, flat)
+            torch.testing.assert_close(per[j, i], want, rtol=1e-10, atol=1e-12)
+    mask = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    torch.testing.assert_close(model.mean_grads(theta, x, y, mask, 4),
+                               (per * mask[:, :, None]).sum(1) / 4, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(model.mean_grads(theta, x, y), per.mean(1))

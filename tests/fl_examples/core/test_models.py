@@ -12,9 +12,11 @@ from fl_examples.core.models import (
     MLP,
     BatchedModel,
     MultinomialLogReg,
+    PerExampleModel,
     flatten,
     masked_mean_cross_entropy,
     num_parameters,
+    split_flat,
     unflatten,
 )
 from privkit.errors import InvalidParameterError
@@ -168,3 +170,44 @@ def test_bad_inputs_name_the_argument(make, name: str) -> None:
     with pytest.raises(InvalidParameterError) as info:
         make()
     assert info.value.name == name
+
+
+# ------------------------------------------------------------ per-example gradients (flat)
+
+
+def _per_example_autograd(model, theta, x, y):
+    """(m, b, d) by autograd, one example at a time (the reference)."""
+    out = torch.empty(*x.shape[:2], theta.shape[1], dtype=theta.dtype)
+    for j in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            flat = theta[j].clone().requires_grad_(True)
+            loss = F.cross_entropy(model.flat_logits(flat, x[j, i:i + 1]), y[j, i:i + 1])
+            (g,) = torch.autograd.grad(loss, flat)
+            out[j, i] = g
+    return out
+
+
+def test_logreg_per_example_gradients_match_autograd() -> None:
+    m = MultinomialLogReg(5, 3)
+    assert isinstance(m, PerExampleModel)
+    g = _gen(4)
+    theta = torch.randn(4, m.num_parameters, generator=g, dtype=torch.float64)
+    x = torch.randn(4, 6, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (4, 6), generator=g)
+    per = m.per_example_grads(theta, x, y)
+    torch.testing.assert_close(per, _per_example_autograd(m, theta, x, y), rtol=0, atol=1e-12)
+    torch.testing.assert_close(m.mean_grads(theta, x, y), per.mean(1), rtol=0, atol=1e-12)
+    mask = torch.rand(4, 6, generator=g) < 0.5
+    want = (per * mask[:, :, None]).sum(1) / 9
+    torch.testing.assert_close(m.mean_grads(theta, x, y, mask, 9), want, rtol=0, atol=1e-12)
+
+
+def test_flat_logits_are_the_single_model_forward() -> None:
+    m = MultinomialLogReg(5, 3)
+    flat = torch.randn(m.num_parameters, generator=_gen(5), dtype=torch.float64)
+    x = torch.randn(7, 5, generator=_gen(6), dtype=torch.float64)
+    params = split_flat(flat, m.parameter_shapes())
+    assert params["weight"].data_ptr() == flat.data_ptr()  # views, no copy
+    assert torch.equal(m.flat_logits(flat, x), m.forward_single(params, x))
+    stacked = unflatten(flat[None], m.parameter_shapes())
+    assert all(torch.equal(stacked[k][0], params[k]) for k in params)

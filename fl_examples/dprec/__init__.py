@@ -34,7 +34,7 @@ random stream of a round comes from the seed tree by round, so no generator stat
 that were charged but not checkpointed (a crash after the write-ahead charge) are recognised
 and adopted, never made twice, so the finished run equals an uninterrupted one bitwise except
 for the wall-clock fields ``wall_time_s`` and ``client_compute_s``. An older checkpoint or an
-older ledger than the other is refused (:meth:`_Run.adopt`).
+older ledger than the other is refused (:meth:`fl_examples.dprec.run._Run.adopt`).
 
 The package: :mod:`~fl_examples.dprec.config` (settings, data, model),
 :mod:`~fl_examples.dprec.accounting` (central epsilons and DP-FedAvg's calibration) and

@@ -207,7 +207,7 @@ class _Run(TrainerRun):
     """One algorithm's run (:class:`~fl_examples.core.run.TrainerRun`): the model pair
     ``w^{t-1}``, ``w^{t-2}`` and its history; a step is one iteration."""
 
-    evaluate_first = False  # the first row is iteration eval_every (the paper's curves)
+    evaluate_first = False  # no row for the initial model: the history starts at eval_every
 
     def __init__(self, algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
                  device: torch.device, plan: PrivacyPlan | None = None,

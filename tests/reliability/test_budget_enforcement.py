@@ -96,7 +96,7 @@ def test_spy_catches_noise_drawn_before_the_budget_check(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("name", "sampler"), [
-    ("mapa-uploads", "fl_examples.mapa.l2_laplace_noise"),
+    ("mapa-uploads", "fl_examples.mapa.uploads.l2_laplace_noise"),
     ("dprec-central", "privkit.mechanisms.rec.encode"),
     ("dpfedavg-central", "privkit.mechanisms.sampling.gaussian_noise")])
 def test_spies_see_the_trainers_own_draws(name, sampler, tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import numpy as np
 
 from privkit import _validate
 from privkit.accountants import rules
+from privkit.accountants.fftpld import PureAtom
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import DpEvent, register_event_module
 
@@ -116,6 +117,19 @@ def _(event: PoissonSampledPureDpEvent, orders: np.ndarray, relation: Any) -> np
 def _(event: PoissonSampledPureDpEvent, vdi: float, relation: Any) -> Any:
     _amplified_add_remove(relation)
     return rules.randomized_response_pld(event.epsilon, vdi)
+
+
+@rules.fft_atom.register(PoissonSampledPureDpEvent)
+def _(event: PoissonSampledPureDpEvent) -> Any:
+    return PureAtom(event.epsilon)
+
+
+@rules.relation_error.register(PoissonSampledPureDpEvent)
+def _(event: PoissonSampledPureDpEvent, relation: Any) -> str | None:
+    if relation != rules.NeighboringRelation.ADD_OR_REMOVE_ONE:
+        return ("PoissonSampledPureDpEvent is priced under ADD_OR_REMOVE_ONE neighbours only "
+                "(amplification by Poisson subsampling is stated for add/remove)")
+    return None
 
 
 @rules.notes.register(PoissonSampledPureDpEvent)

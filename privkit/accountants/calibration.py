@@ -8,8 +8,10 @@ for, so ``epsilon(result) <= target`` holds by construction; the verified
 epsilon is returned with it. Calibration is pure: it prices fresh events and
 never touches a ledger.
 
-For subsampled events ``AUTO`` first solves with the cheap RDP bound (its
-answer is safe for PLD too, since PLD <= RDP) and then tightens with PLD.
+For subsampled events ``AUTO`` solves on privkit's own PLD
+(:mod:`privkit.accountants.fftpld`) with its grid planned once for the target, by secant steps
+from the CLT guess (a few evaluations); events it does not price are solved on dp-accounting's
+PLD (a coarse stage, then AUTO's interval).
 
 Example:
     >>> r = calibrate_noise_multiplier(target_epsilon=1.0, delta=1e-5, steps=100)
@@ -27,8 +29,8 @@ from typing import Any
 from dp_accounting import dp_event
 
 from privkit import _validate
-from privkit.accountants import gaussian, pld
-from privkit.accountants.accountant import Method, auto_prefers_pld, epsilon
+from privkit.accountants import fftpld, gaussian, pld
+from privkit.accountants.accountant import Method, _fft_atoms, auto_prefers_pld, epsilon
 from privkit.accountants.rules import NeighboringRelation, flatten
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
 from privkit.events import gaussian_steps_event
@@ -178,6 +180,8 @@ def calibrate_noise(
 
     if m is Method.AUTO and auto_prefers_pld(flatten(make_event(guess)), d):
         try:
+            if _fft_atoms(flatten(make_event(guess))) is not None:
+                return _calibrate_fft(make_event, target, d, tol, guess, rel)
             return _calibrate_auto_pld(make_event, target, d, tol, guess, rel)
         except UnsupportedEventError:
             pass  # some atom has no PLD rule: AUTO prices it otherwise
@@ -186,6 +190,47 @@ def calibrate_noise(
     if final.epsilon > target:  # cannot happen: x was evaluated; guard anyway
         raise NumericalError("calibration failed to verify its answer")
     return x, final.epsilon, final.method
+
+
+def _calibrate_fft(
+    make_event: Callable[[float], Any], target: float, d: float, tol: float, guess: float,
+    rel: Any,
+) -> tuple[float, float, str]:
+    """AUTO calibration on privkit's PLD (the function AUTO evaluates, so AUTO's epsilon at the
+    answer, the minimum of it and RDP, is <= target too): secant steps from just above the
+    guess, then Illinois; the answer is the evaluated safe end."""
+    grids: dict[float, float] = {}
+
+    def eps_of(x: float) -> float:
+        atoms = _fft_atoms(flatten(make_event(x)))
+        if atoms is None:
+            raise UnsupportedEventError("privkit's PLD does not price this event")
+        e, grids[x] = fftpld.epsilon(atoms, d, rel.name)  # exactly what AUTO computes
+        return e
+
+    x0 = guess * 1.02
+    slope = -1.2
+    c0, c1 = _clt_epsilon(make_event(x0), d), _clt_epsilon(make_event(x0 * 1.01), d)
+    if 0 < c1 < c0 < math.inf:  # the CLT's local slope: a better first secant step
+        slope = (math.log(c1) - math.log(c0)) / math.log(1.01)
+    x, e = _secant_bracket(eps_of, target, tol, x0, slope)
+    return x, e, f"pld-fft (privkit, interval {grids[x]:.2g})"
+
+
+def _clt_epsilon(event: Any, d: float) -> float:
+    """The CLT (GDP) epsilon of a Gaussian-family composition: a slope hint only, never an
+    answer (mu^2 = sum_j n_j q_j^2 (e^{1/z_j^2} - 1); it under-reports)."""
+    atoms = _fft_atoms(flatten(event))
+    if atoms is None:
+        return math.nan
+    mu2 = 0.0
+    for a, n in atoms:
+        if not isinstance(a, fftpld.GaussianAtom):
+            return math.nan
+        z, q = a.noise_multiplier, a.sampling_probability
+        with_q = q * q * math.expm1(min(1 / (z * z), 700.0))
+        mu2 += n * (with_q if q < 1 else 1 / (z * z))
+    return float(gaussian.exact_epsilon(math.sqrt(mu2), d))
 
 
 def _calibrate_auto_pld(
@@ -215,6 +260,46 @@ def _calibrate_auto_pld(
         x2 *= 1 + bump
         bump *= 2
     raise NumericalError("calibration failed to verify its answer")
+
+
+def _secant_bracket(
+    eps_of: Callable[[float], float], target: float, tol: float, x: float,
+    slope: float = -1.2, max_steps: int = 12,
+) -> tuple[float, float]:
+    """The smallest x (to relative ``tol``) with eps_of(x) <= target, eps decreasing in x, from
+    a point ``x`` near the root: secant steps on (log x, log eps) aimed a quarter of ``tol``
+    to alternate sides of the root, so that two well-aimed steps close the bracket. Falls back
+    to :func:`_solve_noise` if the secant misbehaves. Returns the evaluated safe end."""
+    lt = math.log(target)
+    lo = hi = e_hi = None
+    last: tuple[float, float] | None = None
+    want_safe = True
+    for _ in range(max_steps):
+        e = eps_of(x)
+        if not (0 < e < math.inf):
+            break
+        if e <= target:
+            if hi is None or x < hi:
+                hi, e_hi = x, e
+        elif lo is None or x > lo:
+            lo = x
+        if lo is not None and hi is not None and hi / lo - 1 <= tol:
+            assert e_hi is not None
+            return hi, e_hi
+        point = (math.log(x), math.log(e))
+        if last is not None and point[0] != last[0]:
+            s = (point[1] - last[1]) / (point[0] - last[0])
+            if s < 0:
+                slope = s
+        last = point
+        root = point[0] + (lt - point[1]) / slope
+        want_safe = hi is None or (lo is not None and not want_safe)
+        aim = root + (1 if want_safe else -1) * math.log1p(tol / 4)
+        xn = math.exp(aim)
+        if lo is not None and hi is not None and not lo < xn < hi:
+            xn = math.sqrt(lo * hi)
+        x = xn
+    return _solve_noise(eps_of, target, tol, hi if hi is not None else x)
 
 
 def _secant_down(

@@ -39,6 +39,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from privkit import _validate
 from privkit.accountants import rules
+from privkit.accountants.fftpld import PureAtom
 from privkit.errors import InvalidParameterError
 from privkit.events import L2LaplaceDpEvent, ObjectivePerturbationDpEvent
 
@@ -177,6 +178,17 @@ def _(event: ObjectivePerturbationDpEvent) -> tuple[str, ...]:
 @rules.only_known_as_pure.register
 def _(event: ObjectivePerturbationDpEvent) -> bool:
     return True
+
+
+@rules.fft_atom.register
+def _(event: ObjectivePerturbationDpEvent) -> Any:
+    return PureAtom(float(event.epsilon))
+
+
+@rules.fft_atom.register
+def _(event: L2LaplaceDpEvent) -> Any:
+    # d = 1 is the 1-D Laplace, priced with its own (tighter) PLD by dp-accounting instead.
+    return PureAtom(float(event.epsilon)) if int(event.dimension) > 1 else None
 
 
 @rules.only_known_as_pure.register

@@ -23,7 +23,21 @@ Rules:
 * :func:`pure_epsilon` - epsilon if the atom is pure epsilon-DP; None otherwise.
 * :func:`rdp_curve` - Renyi-DP at the given orders.
 * :func:`pld_of` - a pessimistic dp-accounting PrivacyLossDistribution of one use.
+* :func:`fft_atom` - the atom as privkit's own PLD (:mod:`privkit.accountants.fftpld`) sees it
+  (a Gaussian with a sampling rate, or a pure step), or None if it cannot price it.
+* :func:`relation_error` - why the atom cannot be priced under a neighbouring relation, or
+  None (checked before any method runs).
 * :func:`notes` - assumption strings every report containing the atom must carry.
+
+**The noise-multiplier convention.** For every method and relation, a Gaussian event's
+``noise_multiplier`` is ``stddev / Delta`` with ``Delta`` the L2 sensitivity under the relation
+it is priced with. Under ``ADD_OR_REMOVE_ONE`` a sum of contributions clipped to ``C`` has
+``Delta = C``; under ``REPLACE_ONE`` it has ``Delta = 2 C``. Exact, RDP, moments, privkit's
+PLD and dp-accounting's PLD (called with sensitivity 1/2 under ``REPLACE_ONE``, since it
+otherwise doubles the sensitivity itself) all follow it, so epsilon is continuous and monotone
+in the sampling rate up to q = 1. (dp-accounting's own RDP accountant follows it too; its PLD
+accountant, used directly, would double the sensitivity of such an event under
+``REPLACE_ONE``: 2x too loose, never too small.)
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privkit import _validate
+from privkit.accountants.fftpld import GaussianAtom, PureAtom
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import PureDpEvent
 
@@ -55,6 +70,8 @@ __all__ = [
     "pure_epsilon",
     "rdp_curve",
     "pld_of",
+    "fft_atom",
+    "relation_error",
     "notes",
     "randomized_response_rdp",
     "randomized_response_pld",
@@ -115,7 +132,11 @@ def _walk(event: Any, count: int, c: Counter[Any]) -> bool:
     check_atom(event)
     if is_non_private(event):
         return True
-    c[event] += count
+    try:
+        c[event] += count
+    except TypeError:  # unhashable fields (e.g. lists): no rule can know such an event
+        raise UnsupportedEventError(
+            f"{type(event).__name__} cannot be priced by privkit's accountants") from None
     return False
 
 
@@ -275,10 +296,17 @@ def pld_of(event: dp_event.DpEvent, vdi: float, relation: Any) -> Any:
     raise UnsupportedEventError(f"no PLD rule for {type(event).__name__}")
 
 
+def _pld_sensitivity(relation: Any) -> float:
+    # dp-accounting's REPLACE_ONE pair doubles the sensitivity it is given; privkit's noise
+    # multiplier is already relative to the replace-one sensitivity (module doc).
+    return 0.5 if relation == NeighboringRelation.REPLACE_ONE else 1.0
+
+
 @pld_of.register
 def _(event: dp_event.GaussianDpEvent, vdi: float, relation: Any) -> Any:
     return pld_lib.from_gaussian_mechanism(
         standard_deviation=float(event.noise_multiplier),
+        sensitivity=_pld_sensitivity(relation),
         value_discretization_interval=vdi,
         neighboring_relation=relation,
         pessimistic_estimate=True,
@@ -287,7 +315,8 @@ def _(event: dp_event.GaussianDpEvent, vdi: float, relation: Any) -> Any:
 
 @pld_of.register
 def _(event: dp_event.LaplaceDpEvent, vdi: float, relation: Any) -> Any:
-    _require_add_remove(relation, "LaplaceDpEvent")
+    # Unsampled, the pair Lap(0, b) vs Lap(Delta, b) is the same under either relation when
+    # Delta is the sensitivity under the relation priced (module doc).
     return pld_lib.from_laplace_mechanism(
         parameter=float(event.noise_multiplier), value_discretization_interval=vdi,
         pessimistic_estimate=True,
@@ -311,7 +340,8 @@ def _(event: dp_event.PoissonSampledDpEvent, vdi: float, relation: Any) -> Any:
     if isinstance(inner, dp_event.GaussianDpEvent):
         return pld_lib.from_gaussian_mechanism(
             standard_deviation=float(inner.noise_multiplier), value_discretization_interval=vdi,
-            sampling_prob=q, neighboring_relation=relation, pessimistic_estimate=True,
+            sensitivity=_pld_sensitivity(relation), sampling_prob=q,
+            neighboring_relation=relation, pessimistic_estimate=True,
         )
     if isinstance(inner, dp_event.LaplaceDpEvent):
         _require_add_remove(relation, "PoissonSampledDpEvent(LaplaceDpEvent)")
@@ -325,6 +355,38 @@ def _(event: dp_event.PoissonSampledDpEvent, vdi: float, relation: Any) -> Any:
 def _require_add_remove(relation: Any, what: str) -> None:
     if relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
         raise UnsupportedEventError(f"PLD of {what} is implemented for ADD_OR_REMOVE_ONE only")
+
+
+# ------------------------------------------------------------------ fft_atom
+@functools.singledispatch
+def fft_atom(event: dp_event.DpEvent) -> GaussianAtom | PureAtom | None:
+    """The atom as :mod:`privkit.accountants.fftpld` prices it, or None."""
+    return None
+
+
+@fft_atom.register
+def _(event: dp_event.GaussianDpEvent) -> GaussianAtom | PureAtom | None:
+    return GaussianAtom(float(event.noise_multiplier), 1.0)
+
+
+@fft_atom.register
+def _(event: dp_event.PoissonSampledDpEvent) -> GaussianAtom | PureAtom | None:
+    inner = event.event
+    if isinstance(inner, dp_event.GaussianDpEvent):
+        return GaussianAtom(float(inner.noise_multiplier), float(event.sampling_probability))
+    return None
+
+
+@fft_atom.register
+def _(event: PureDpEvent) -> GaussianAtom | PureAtom | None:
+    return PureAtom(float(event.epsilon))
+
+
+# ----------------------------------------------------------- relation_error
+@functools.singledispatch
+def relation_error(event: dp_event.DpEvent, relation: Any) -> str | None:
+    """Why ``event`` cannot be priced under ``relation`` (None: it can)."""
+    return None
 
 
 # -------------------------------------------------------------------- notes

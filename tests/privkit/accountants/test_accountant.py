@@ -230,13 +230,13 @@ def test_method_cannot_price_event():
         epsilon(E.UnsupportedDpEvent(), 1e-5)
 
 
-def test_pld_refuses_delta_below_its_floor_and_auto_falls_back():
+def test_pld_refuses_delta_below_its_floor_and_auto_uses_privkits_pld():
     ev = gaussian_steps_event(1.1, 100, 0.01)
     with pytest.raises(InvalidParameterError, match="delta"):
         epsilon(ev, 1e-14, Method.PLD)
     r = epsilon(ev, 1e-14)
-    assert r.method.startswith("rdp (fallback")
-    assert math.isfinite(r.epsilon)
+    assert r.method.startswith("pld-fft")
+    assert math.isfinite(r.epsilon) and r.epsilon <= epsilon(ev, 1e-14, "rdp").epsilon
 
 
 def test_replace_one_relation_passes_through():

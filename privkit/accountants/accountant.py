@@ -187,8 +187,7 @@ def _assumptions(comp: Composition, relation: Any) -> tuple[str, ...]:
 
 
 def _optimal_label(terms: list[tuple[float, int]]) -> str:
-    method = pure.optimal_method(terms)
-    return "optimal" if method != pure.METHOD_KOV_CLOSED_FORM else method
+    return "optimal"
 
 
 def _check_result(value: float, what: str) -> float:
@@ -257,8 +256,9 @@ def _auto_epsilon(comp: Composition, d: float, relation: Any) -> tuple[float, st
     terms = _pure_terms(comp)
     if terms is not None:
         candidates.append((pure.optimal_epsilon(terms, d), _optimal_label(terms)))
-        if len(terms) == 1 and all(only_known_as_pure(a) for a, _ in comp.atoms):
-            return candidates[0]  # exact (KOV) for equal steps: nothing is tighter
+        if all(only_known_as_pure(a) for a, _ in comp.atoms):
+            # the dominating pair itself (KOV exact, or privkit's PLD of it): nothing is tighter
+            return candidates[0]
     try:
         candidates.append(_epsilon_by(comp, d, Method.RDP, relation))
     except (UnsupportedEventError, NumericalError) as exc:
@@ -339,8 +339,7 @@ def _auto_delta(comp: Composition, e: float, relation: Any) -> tuple[float, str]
         except (UnsupportedEventError, NumericalError):
             pass
     terms = _pure_terms(comp)
-    if terms is not None and len(terms) == 1 and \
-            all(only_known_as_pure(a) for a, _ in comp.atoms):
+    if terms is not None and all(only_known_as_pure(a) for a, _ in comp.atoms):
         return candidates[0]
     atoms = _fft_atoms(comp)
     estimate = min((c[0] for c in candidates), default=1.0)

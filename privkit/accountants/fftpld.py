@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from privkit.errors import UnsupportedEventError
+from privkit.errors import NumericalError, UnsupportedEventError
 
 __all__ = [
     "GaussianAtom",
@@ -464,7 +464,7 @@ def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
     for p, cnt in pmfs:
         fin = float(p.masses.sum())
         arr = np.bincount(np.arange(p.masses.size) % n, weights=p.masses, minlength=n)
-        f = fft_mod.rfft(arr.astype(real)) ** cnt
+        f = _power(fft_mod.rfft(arr.astype(real)), cnt)
         spec = f if spec is None else spec * f
         log_fin += cnt * math.log(fin) if fin > 0 else -math.inf
         log_all += cnt * math.log(fin + p.inf_mass)
@@ -476,6 +476,21 @@ def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
     inf_mass = math.exp(log_all) if log_fin == -math.inf else \
         math.exp(log_fin) * math.expm1(log_all - log_fin)
     return _Composed(k_a, h, c, min(1.0, inf_mass), wrap)
+
+
+def _power(x: np.ndarray, n: int) -> np.ndarray:
+    """x ** n elementwise by repeated squaring (numpy's complex power is many times slower
+    for some exponents; the rounding error is of the same order)."""
+    out = None
+    base = x
+    while n:
+        if n & 1:
+            out = base.copy() if out is None else out * base
+        n >>= 1
+        if n:
+            base = base * base
+    assert out is not None
+    return out
 
 
 def _as_pmf(comp: _Composed, h: float) -> _Pmf:
@@ -504,16 +519,22 @@ def _hockey(comp: _Composed, eps: float) -> float:
     sel = ell > eps
     with np.errstate(over="ignore"):
         vals = -np.expm1(eps - ell[sel])
-    return comp.inf_mass + float(np.dot(comp.pmf[sel], vals))
+    return (comp.inf_mass + float(np.dot(comp.pmf[sel], vals))) * (1 + _READ_RTOL)
+
+
+#: Relative allowance for reading a delta off a PMF in double precision (summation and the
+#: PMF's own rounding to double): delta(eps) is reported times (1 + this).
+_READ_RTOL = 1e-14
 
 
 def _epsilon_of(comp: _Composed, target: float) -> float:
     """Smallest eps >= 0 with delta(eps) <= target (closed form within a grid cell)."""
     c, h, k_a = comp.pmf, comp.h, comp.k_a
     n = c.size
+    target = target / (1 + _READ_RTOL)
     if comp.inf_mass >= target:
         return math.inf
-    if _hockey(comp, 0.0) <= target:
+    if _hockey(comp, 0.0) <= target * (1 + _READ_RTOL):
         return 0.0
     # Suffix sums S0[i] = sum_{j>=i} c_j and, chunk by chunk (e^{+-500} stays finite),
     # R[i] = sum_{j>=i} c_j e^{(i-j) h}; delta at grid point i is inf + S0[i] - R[i].
@@ -660,6 +681,56 @@ def _priced(atoms: list[tuple[Any, int]], relation: str, p: _Plan, target: float
         except _TooFine as exc:
             grow = 1.05 * exc.n / MAX_POINTS
             p = _Plan(p.fine * grow, p.coarse * grow, p.block)
+
+
+class Curve:
+    """A composed pessimistic PLD on one fixed grid, every direction, with its allowances:
+    ``delta(eps)`` is non-increasing in eps (one PMF answers every query)."""
+
+    def __init__(self, comps: list[_Composed], slack: float) -> None:
+        self._comps, self.slack = comps, slack
+
+    @property
+    def interval(self) -> float:
+        return self._comps[0].h
+
+    def delta(self, eps: float) -> float:
+        worst = max(_hockey(c, eps) + c.wrap_bound for c in self._comps)
+        return min(1.0, worst + self.slack)
+
+    def epsilon(self, target_delta: float) -> float:
+        room = target_delta - self.slack
+        if not room >= 0.5 * target_delta:
+            raise UnsupportedEventError(
+                f"privkit's PLD: delta {target_delta:g} is below twice its floating-point "
+                "allowance")
+        eps = max(_epsilon_of(c, room - c.wrap_bound) for c in self._comps)
+        for i in range(64):  # rounding: verify with delta() itself, move up by ulps if needed
+            if self.delta(eps) <= target_delta:
+                return eps
+            eps += abs(eps) * 2.0 ** (i - 52) + 5e-324
+        raise NumericalError(f"privkit's PLD: epsilon {eps} did not verify")
+
+
+class WindowTooLarge(ValueError):
+    """The composition does not fit :data:`MAX_POINTS` on the requested grid."""
+
+
+def curve(atoms: list[tuple[Any, int]], relation: str, h: float, *,
+          extended: bool = False, tail: float = 1e-30) -> Curve:
+    """The composition on the grid ``h`` exactly, in one stage (no re-discretisation): exact up
+    to the FFT allowance for pure steps whose epsilons are multiples of ``h``.
+
+    Raises:
+        WindowTooLarge: the window would exceed :data:`MAX_POINTS` points.
+    """
+    steps = _steps(atoms)
+    try:
+        comps = [_compose(_pmfs(atoms, d, h, tail), h, tail, extended)
+                 for d in _directions(atoms, relation)]
+    except _TooFine as exc:
+        raise WindowTooLarge(f"{exc.n} grid points at interval {h:g}") from None
+    return Curve(comps, SLACK_PER_FACTOR[extended] * steps)
 
 
 def _steps(atoms: list[tuple[Any, int]]) -> int:

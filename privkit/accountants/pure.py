@@ -10,11 +10,17 @@ merged. Every result is an upper bound: epsilon in nats, delta a probability.
 * Optimal, one distinct eps0 [Kairouz, Oh & Viswanath, "The Composition Theorem for Differential
   Privacy", ICML 2015, Thm 3.3]: the exact profile of k-fold randomized response RR(eps0), in
   log space, O(k).
-* Optimal, several epsilons: exact evaluation is #P-hard [Murtagh & Vadhan, TCC 2016]. Each
-  eps_j is rounded UP to a multiple of ``grid`` (RR(eps') dominates every eps-DP mechanism when
-  eps' >= eps) and the privacy-loss PMF of the product of the RR(eps_j^up) is computed on the
-  lattice with one FFT, with a rigorous allowance for FFT rounding. Lattices above
-  :data:`MAX_POINTS` fall back to the KOV Thm 3.5 closed form, as :func:`optimal_method` says.
+* Optimal, several epsilons: exact evaluation is #P-hard [Murtagh & Vadhan, TCC 2016]. The
+  product of the RR(eps_j) (the dominating pair) is composed by privkit's PLD
+  (:mod:`privkit.accountants.fftpld`) on the grid ``grid``: a loss +-eps_j between grid points
+  is split between its neighbours (connect-the-dots, which dominates), so the result is an
+  upper bound, exact up to the FFT allowance when every eps_j is a multiple of ``grid``, and
+  never above rounding each eps_j up. One composed PMF answers every delta(eps), so
+  :func:`optimal_delta` is monotone. When the composition does not fit the grid (or, for one
+  epsilon, k + 1 exceeds :data:`MAX_POINTS`), privkit's PLD plans a coarser grid itself
+  (:data:`METHOD_PLD`), still an upper bound.
+* :func:`dominating_pair_delta` / :func:`dominating_pair_epsilon` keep the older bound that
+  rounds every eps_j UP to the grid and convolves on the lattice (exponentially tilted).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from privkit import _validate
 from privkit.errors import InvalidParameterError, NumericalError
 
 __all__ = [
-    "METHOD_KOV_EXACT", "METHOD_GRID", "METHOD_KOV_CLOSED_FORM", "METHOD_ADVANCED",
+    "METHOD_KOV_EXACT", "METHOD_GRID", "METHOD_PLD", "METHOD_KOV_CLOSED_FORM", "METHOD_ADVANCED",
     "METHOD_BASIC", "MAX_POINTS", "basic_epsilon", "drv_epsilon", "advanced_epsilon",
     "advanced_delta", "kov_closed_form_epsilon", "kov_closed_form_delta",
     "dominating_pair_delta", "dominating_pair_epsilon", "optimal_method", "optimal_delta",
@@ -42,7 +48,8 @@ __all__ = [
 
 METHOD_KOV_EXACT = "optimal (KOV exact, homogeneous)"
 METHOD_GRID = "optimal (dominating pair on grid)"
-METHOD_KOV_CLOSED_FORM = "KOV Thm 3.5 closed form (fallback: lattice too large)"
+METHOD_PLD = "optimal (dominating pair, privkit PLD on a coarser grid)"
+METHOD_KOV_CLOSED_FORM = "KOV Thm 3.5 closed form"
 METHOD_ADVANCED = "advanced (DRV)"
 METHOD_BASIC = "basic"
 MAX_POINTS = 4_000_000  # largest lattice (or k + 1) the exact methods allocate (~1 s)
@@ -307,7 +314,18 @@ def _slack(lat: _Lattice, n: Any) -> Any:
         return lat.e2 * np.exp(0.5 * (log_r - math.log(math.expm1(a))))
 
 
-def _lattice(eps: np.ndarray, counts: list[int], grid: Any, center: float) -> _Lattice:
+def _lattice(eps: np.ndarray, counts: list[int], grid: Any, center: float | None) -> _Lattice:
+    """The lattice of :func:`_tilted_lattice`; when the tilt towards ``center`` is so strong that
+    its rounding allowance would swamp delta (a centre at or beyond the largest loss), the
+    untilted lattice (``center`` None) is used instead: both are upper bounds."""
+    lat = _tilted_lattice(eps, counts, grid, center)
+    if lat.factor > 1.001 and center is not None:
+        return _tilted_lattice(eps, counts, grid, None)
+    return lat
+
+
+def _tilted_lattice(eps: np.ndarray, counts: list[int], grid: Any,
+                    center: float | None) -> _Lattice:
     """PMF of L = sum_j (+-eps_j^up) on the lattice, and the O(N) arrays giving delta(eps).
 
     With s = h g (g = gcd of the m_j), L = s (M - 2T), T = sum_j m'_j l_j and
@@ -332,8 +350,8 @@ def _lattice(eps: np.ndarray, counts: list[int], grid: Any, center: float) -> _L
     def mean_t(th: float) -> float:  # tilted mean of T
         return float(np.sum(c_arr * strides * expit(th * strides - e_up))) - target_t
 
-    theta, target_t = 0.0, 0.5 * max(n_pts - 1 - center / s, 0.5)
-    if k_terms > 1 and mean_t(0.0) > 0:
+    theta, target_t = 0.0, 0.5 * max(n_pts - 1 - (center or 0.0) / s, 0.5)
+    if center is not None and k_terms > 1 and mean_t(0.0) > 0:
         lo = -1.0 / strides.max()
         while mean_t(lo) > 0:
             lo *= 2.0
@@ -487,12 +505,49 @@ def dominating_pair_epsilon(terms: Terms, delta: float, *, grid: float = 1e-4) -
     return _grid_epsilon(eps, counts, _validate.delta("delta", delta), grid)
 
 
+# --------------------------------------------------- optimal, via privkit's PLD
+def _atoms(eps: np.ndarray, counts: list[int]) -> list[tuple[Any, int]]:
+    from privkit.accountants.fftpld import PureAtom
+
+    return [(PureAtom(float(e)), int(c)) for e, c in zip(eps, counts, strict=True)]
+
+
+def _curve(eps: np.ndarray, counts: list[int], grid: Any) -> Any:
+    """privkit's PLD of the dominating pair on ``grid`` (cached), or None if it does not fit.
+
+    The FFT runs in extended precision (chosen from the terms alone, so that
+    :func:`optimal_delta` is one monotone curve)."""
+    h = _validate.positive("grid", grid)
+    key = (tuple(eps.tolist()), tuple(counts), h)
+    if key not in _CURVES:
+        from privkit.accountants import fftpld
+
+        try:
+            _CURVES[key] = fftpld.curve(_atoms(eps, counts), "ADD_OR_REMOVE_ONE", h,
+                                        extended=True)
+        except fftpld.WindowTooLarge:
+            _CURVES[key] = None
+        if len(_CURVES) > 64:
+            _CURVES.pop(next(iter(_CURVES)))
+    return _CURVES[key]
+
+
+_CURVES: dict[tuple[Any, ...], Any] = {}
+#: Below this multiple of the PLD's floating-point allowance, the tilted lattice (relative
+#: precision at tiny deltas) is computed too and the smaller bound is used.
+_LATTICE_BELOW = 1e4
+
+
+def _lattice_fits(eps: np.ndarray, counts: list[int], grid: Any) -> bool:
+    return _plan(eps, counts, float(grid))[2] <= MAX_POINTS
+
+
 # ------------------------------------------------------------ optimal, public
 def _method(eps: np.ndarray, counts: list[int], grid: Any) -> str:
     h = _validate.positive("grid", grid)
     if len(eps) == 1:
-        return METHOD_KOV_EXACT if counts[0] + 1 <= MAX_POINTS else METHOD_KOV_CLOSED_FORM
-    return METHOD_GRID if _plan(eps, counts, h)[2] <= MAX_POINTS else METHOD_KOV_CLOSED_FORM
+        return METHOD_KOV_EXACT if counts[0] + 1 <= MAX_POINTS else METHOD_PLD
+    return METHOD_GRID if _curve(eps, counts, h) is not None else METHOD_PLD
 
 
 def optimal_method(terms: Terms, *, grid: float = 1e-4) -> str:
@@ -500,7 +555,8 @@ def optimal_method(terms: Terms, *, grid: float = 1e-4) -> str:
 
     Returns:
         :data:`METHOD_KOV_EXACT` (one distinct epsilon), :data:`METHOD_GRID` (several), or
-        :data:`METHOD_KOV_CLOSED_FORM` when k + 1 or the lattice exceeds :data:`MAX_POINTS`.
+        :data:`METHOD_PLD` when k + 1 exceeds :data:`MAX_POINTS` or the composition does not
+        fit the grid.
     """
     return _method(*_terms(terms), grid)
 
@@ -521,10 +577,19 @@ def optimal_delta(terms: Terms, epsilon: float, *, grid: float = 1e-4) -> float:
     method = _method(eps, counts, grid)
     if e == math.inf:
         return 0.0
-    if method == METHOD_KOV_CLOSED_FORM:
-        return _kov_delta(_sums(eps, counts), e)
-    if method == METHOD_GRID:  # eps_j^up > eps_j: the lattice reaches past basic, delta does not
-        return 0.0 if e >= _sums(eps, counts)[0] else _grid_delta(eps, counts, e, grid)
+    if e >= _sums(eps, counts)[0]:  # at or above basic composition: delta is 0
+        return 0.0
+    if method == METHOD_PLD:
+        from privkit.accountants import fftpld
+
+        return _checked("optimal delta", fftpld.delta(
+            _atoms(eps, counts), e, "ADD_OR_REMOVE_ONE", e, _kov_delta(_sums(eps, counts), e)))
+    if method == METHOD_GRID:
+        cur = _curve(eps, counts, grid)
+        d = cur.delta(e)
+        if d < _LATTICE_BELOW * cur.slack and _lattice_fits(eps, counts, grid):
+            d = min(d, _grid_delta(eps, counts, e, grid))
+        return _checked("optimal delta", d)
     log_d = _kov_log_delta_fn(float(eps[0]), counts[0])(e)
     if math.isnan(log_d):
         raise NumericalError(f"optimal delta came out as NaN at epsilon={e}")
@@ -536,10 +601,22 @@ def _optimal(
 ) -> tuple[float, str]:
     method = _method(eps, counts, grid)
     sums = _sums(eps, counts)
-    if method == METHOD_KOV_CLOSED_FORM:
-        return _kov_eps(sums, d), method
+    if method == METHOD_PLD:
+        from privkit.accountants import fftpld
+
+        e = fftpld.epsilon(_atoms(eps, counts), d, "ADD_OR_REMOVE_ONE")[0]
+        return min(_checked("optimal epsilon", e), _checked("basic", sums[0])), method
     if method == METHOD_GRID:
-        return min(_grid_epsilon(eps, counts, d, grid), _checked("basic", sums[0])), method
+        cur = _curve(eps, counts, grid)
+        e = math.inf
+        if d >= 2 * cur.slack:
+            e = _checked("optimal epsilon", cur.epsilon(d))
+        if d < _LATTICE_BELOW * cur.slack and _lattice_fits(eps, counts, grid):
+            e = min(e, _grid_epsilon(eps, counts, d, grid))
+        if not math.isfinite(e):  # delta below the PLD's allowance, lattice too large
+            e = _kov_eps(sums, d)
+            method = METHOD_KOV_CLOSED_FORM
+        return min(e, _checked("basic", sums[0])), method
     start = max(min(sums[0], _drv(sums, d)), _TINY)
     fn = _kov_log_delta_fn(float(eps[0]), counts[0])
     return _checked("optimal epsilon", _log_invert(fn, d, start, rtol)), method
@@ -551,7 +628,7 @@ def optimal_epsilon(terms: Terms, delta: float, *, grid: float = 1e-4,
 
     One distinct eps0: the KOV exact profile inverted on log delta (bracket grown by doubling,
     Brent then bisection to relative width ``rtol``); the bracket's upper end is returned, where
-    delta was computed <= ``delta``. Several: :func:`dominating_pair_epsilon`.
+    delta was computed <= ``delta``. Several: privkit's PLD of the dominating pair (module doc).
 
     Args:
         terms: ``(epsilon_j, count_j)`` pairs, epsilon in nats.

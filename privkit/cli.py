@@ -98,7 +98,7 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
     g = eps_sub.add_parser("gaussian", help="(subsampled) Gaussian steps")
     g.add_argument("--noise-multiplier", type=_number, required=True,
                    help="stddev / L2 sensitivity (z)")
-    g.add_argument("--steps", type=_number, required=True, help="number of releases T")
+    g.add_argument("--steps", type=_integer_or_number, required=True, help="number of releases T")
     g.add_argument("--sampling-probability", type=_number, default=1.0,
                    help="Poisson sampling probability q in (0, 1] (default 1: no sampling)")
     g.add_argument("--delta", type=_number, required=True)
@@ -107,7 +107,7 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
 
     pu = eps_sub.add_parser("pure", help="k-fold composition of epsilon0-DP steps")
     pu.add_argument("--epsilon", type=_number, required=True, help="per-step epsilon0")
-    pu.add_argument("--steps", type=_number, required=True, help="number of steps k")
+    pu.add_argument("--steps", type=_integer_or_number, required=True, help="number of steps k")
     pu.add_argument("--delta", type=_number, required=True)
     pu.add_argument("--method", default="auto", choices=["auto", "optimal", "advanced", "basic",
                                                           "pld", "rdp"])
@@ -118,7 +118,7 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
     cg = cal_sub.add_parser("gaussian", help="noise multiplier for (subsampled) Gaussian steps")
     cg.add_argument("--target-epsilon", type=_number, required=True)
     cg.add_argument("--delta", type=_number, required=True)
-    cg.add_argument("--steps", type=_number, required=True)
+    cg.add_argument("--steps", type=_integer_or_number, required=True)
     cg.add_argument("--sampling-probability", type=_number, default=1.0)
     cg.add_argument("--method", default="auto", choices=_methods())
     cg.add_argument("--json", action="store_true")

@@ -151,6 +151,23 @@ def _pure_terms(comp: Composition) -> list[tuple[float, int]] | None:
     return terms
 
 
+def _unsampled_rho(comp: Composition) -> float | None:
+    """rho of the same Gaussian composition with every sampling rate set to 1, or None.
+
+    Poisson subsampling is a garbling of the unsampled mechanism (keep the output with
+    probability q, else replace it by a fresh draw of the null distribution), so the exact
+    epsilon of the unsampled composition bounds the subsampled one too: it keeps AUTO monotone
+    in q up to q = 1."""
+    total = 0.0
+    for atom, n in comp.atoms:
+        a = rules.fft_atom(atom)
+        if not isinstance(a, fftpld.GaussianAtom):
+            return None
+        z = a.noise_multiplier
+        total += n * (0.5 / z / z)
+    return total
+
+
 def _fft_atoms(comp: Composition) -> list[tuple[Any, int]] | None:
     out = []
     for atom, n in comp.atoms:
@@ -263,6 +280,10 @@ def _auto_epsilon(comp: Composition, d: float, relation: Any) -> tuple[float, st
         candidates.append(_epsilon_by(comp, d, Method.RDP, relation))
     except (UnsupportedEventError, NumericalError) as exc:
         notes.append(f"rdp unavailable: {exc}")
+    rho1 = _unsampled_rho(comp)
+    if rho1 is not None:
+        candidates.append((float(gaussian.exact_epsilon(math.sqrt(2 * rho1), d)),
+                           "exact (sampling rates set to 1: subsampling can only help)"))
     estimate = min((c[0] for c in candidates), default=math.nan)
     atoms = _fft_atoms(comp)
     if atoms is not None:
@@ -338,6 +359,10 @@ def _auto_delta(comp: Composition, e: float, relation: Any) -> tuple[float, str]
             candidates.append(_delta_by(comp, e, m, relation))
         except (UnsupportedEventError, NumericalError):
             pass
+    rho1 = _unsampled_rho(comp)
+    if rho1 is not None:
+        candidates.append((float(gaussian.exact_delta(math.sqrt(2 * rho1), e)),
+                           "exact (sampling rates set to 1: subsampling can only help)"))
     terms = _pure_terms(comp)
     if terms is not None and all(only_known_as_pure(a) for a, _ in comp.atoms):
         return candidates[0]

@@ -46,6 +46,14 @@ __all__ = [
 _MAX_DOUBLINGS = 200
 
 
+def _tol(tol: Any) -> float:
+    """The relative precision of a calibrated parameter: finite, in (0, 0.1]."""
+    t = _validate.positive("tol", tol)
+    if not t <= 0.1:
+        raise InvalidParameterError("tol", tol, "in (0, 0.1] (a relative precision)")
+    return t
+
+
 @dataclass(frozen=True)
 class CalibrationResult:
     """A calibrated noise parameter and the epsilon verified at it (<= target)."""
@@ -170,7 +178,7 @@ def calibrate_noise(
     """
     target = _validate.positive("target_epsilon", target_epsilon)
     d = _validate.delta("delta", delta)
-    tol = _validate.positive("tol", tol)
+    tol = _tol(tol)
     m = Method.parse(method)
     rel = neighboring_relation
     guess = 1.0 if initial_guess is None else _validate.positive("initial_guess", initial_guess)
@@ -351,6 +359,7 @@ def calibrate_noise_multiplier(
     d = _validate.delta("delta", delta)
     t = _validate.positive_int("steps", steps)
     q = _validate.probability("sampling_probability", sampling_probability)
+    tol = _tol(tol)
     if q == 1.0 and Method.parse(method) in (Method.AUTO, Method.EXACT):
         return _exact_noise_multiplier(target, d, t, tol)
     z, e, name = calibrate_noise(

@@ -67,12 +67,13 @@ RELATIVE_ERROR = 5e-6
 MAX_POINTS = 1 << 22
 _MAX_CELLS = 1 << 20
 #: Allowance in delta for floating-point error, per factor of an FFT power: 5e-16 in double
-#: precision (the largest error measured against extended precision was 1.3e-16), 1e-18 in
-#: extended precision (its unit roundoff is 2^-11 of double's). A block's error carries into
+#: precision (the largest error measured against extended precision was 1.3e-16, 1.2 unit
+#: roundoffs), 2.5e-19 in extended precision (the same 1.2 of its unit roundoff 2^-64, with the
+#: same 4x margin). A block's error carries into
 #: every use of the block, so a two-stage composition of T steps in B blocks is allowed
 #: ``a1 T + a2 B``. An FFT runs in extended precision when double's allowance would exceed
 #: :data:`_EXTENDED_ABOVE` of the target delta.
-SLACK_PER_FACTOR = {False: 5e-16, True: 1e-18}
+SLACK_PER_FACTOR = {False: 5e-16, True: 2.5e-19}
 _EXTENDED_ABOVE = 1e-4
 #: Largest |loss| on the grid (exp of it must stay finite); beyond, pricing is refused.
 _MAX_LOSS = 600.0
@@ -189,7 +190,7 @@ class _Pair:
         """Inverse of :meth:`loss` (-inf / +inf outside the loss's range)."""
         ell = np.asarray(ell, dtype=np.float64)
         z2 = self.z * self.z
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if self.kind == "remove":
                 if self.q == 1:
                     return z2 * ell + 0.5
@@ -585,7 +586,7 @@ def plan(atoms: list[tuple[Any, int]], eps_estimate: float, delta: float) -> _Pl
     steps = sum(n for _, n in atoms)
     zeta = math.sqrt(2 * math.log(1 / delta))
     # The composed loss's spread, from coarse one-step PMFs (no composition).
-    h0 = max(eps_estimate, 1e-6) / 64
+    h0 = min(max(eps_estimate, 1e-6) / 64, 0.05)
     var = 0.0
     for atom, n in atoms:
         if isinstance(atom, PureAtom):
@@ -621,10 +622,10 @@ def estimate(atoms: list[tuple[Any, int]], delta: float) -> float:
         if isinstance(atom, PureAtom):
             mu2 += n * atom.epsilon ** 2
             continue
-        z, q = atom.noise_multiplier, atom.sampling_probability
+        z, q = max(atom.noise_multiplier, 1e-100), atom.sampling_probability
         inv = min(1 / (z * z), 700.0)
-        mu2 += n * (inv if q == 1 else q * q * math.expm1(inv))
-    return max(float(exact_epsilon(math.sqrt(mu2), delta)), 1e-6) if mu2 < 1e8 else 1e4
+        mu2 += n * min(inv, q * q * math.expm1(inv))  # the unsampled value bounds it too
+    return max(float(exact_epsilon(math.sqrt(mu2), delta)), 1e-6)
 
 
 def choose_interval(atoms: list[tuple[Any, int]], eps_estimate: float, delta: float) -> float:
@@ -776,10 +777,17 @@ def _epsilon_at(atoms: list[tuple[Any, int]], target_delta: float, relation: str
 
 def delta(atoms: list[tuple[Any, int]], eps: float, relation: str, eps_estimate: float,
           delta_estimate: float) -> float:
-    """Upper bound on delta at ``eps`` (tails budgeted against ``delta_estimate``)."""
+    """Upper bound on delta at ``eps`` (tails budgeted against ``delta_estimate``; when the
+    answer comes out so small that double precision's allowance would matter, it is computed
+    again in extended precision)."""
     target = max(min(delta_estimate, 0.5), 1e-300)
-    budget = max(_TAIL_SHARE * min(delta_estimate, 1.0), 1e-30)
-    p = plan(atoms, max(eps_estimate, eps), target)
-    comps, slack = _priced(atoms, relation, p, target, budget, budget)
-    worst = max(_hockey(c, eps) + c.wrap_bound for c in comps)
-    return min(1.0, worst + slack)
+    for _ in range(2):
+        # delta_estimate may be far above the answer (RDP's): tails get a much smaller share.
+        budget = max(1e-9 * min(target, 1.0), 1e-300)
+        p = plan(atoms, max(eps_estimate, eps), target)
+        comps, slack = _priced(atoms, relation, p, target, budget, budget)
+        worst = min(1.0, max(_hockey(c, eps) + c.wrap_bound for c in comps) + slack)
+        if slack <= _EXTENDED_ABOVE * worst or worst >= target:
+            return worst
+        target = max(worst, 1e-300)
+    return worst

@@ -54,6 +54,33 @@ def _mu_array(gdp_mu: Any) -> np.ndarray:
     return mu
 
 
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(12)
+
+
+def _log_ndtr_drop(x: Any, mu: Any, a: Any) -> Any:
+    """log Phi(x - mu) - log Phi(x) (<= 0) without cancellation, given a = log Phi(x).
+
+    The plain difference of two log_ndtr values loses all relative precision when it is tiny
+    (mu ~ 1e-8: both are ~ -8 and differ by ~1e-7), which made the exact delta too small at
+    huge noise. Where the drop is small it is log1p(-D / Phi(x)) with D = Phi(x) - Phi(x - mu)
+    integrated by 12-point Gauss-Legendre over [x - mu, x] (the density changes by at most
+    e^(|x| mu) ~ 1 there, so the rule is exact to rounding)."""
+    x = np.asarray(x, dtype=np.float64)
+    mu = np.asarray(mu, dtype=np.float64)
+    plain = log_ndtr(x - mu) - a
+    small = (plain > -0.5) & (np.abs(x) * mu < 1.0) & (mu > 0)
+    if not np.any(small):
+        return plain
+    xs, ms, as_ = (np.broadcast_to(v, plain.shape)[small] for v in (x, mu, a))
+    mid = xs - ms / 2
+    nodes = mid[:, None] + (ms / 2)[:, None] * _GL_X[None, :]
+    dens = np.exp(-0.5 * nodes * nodes) / math.sqrt(2 * math.pi)
+    d = (ms / 2) * (dens * _GL_W[None, :]).sum(axis=1)
+    out = np.array(plain, dtype=np.float64, copy=True)
+    out[small] = np.log1p(-d / np.exp(as_))
+    return out
+
+
 def exact_log_delta(gdp_mu: Any, epsilon: Any) -> np.ndarray:
     """log delta(epsilon) of a mu-GDP mechanism, finite even at eps ~ 2300.
 
@@ -73,10 +100,12 @@ def exact_log_delta(gdp_mu: Any, epsilon: Any) -> np.ndarray:
     ok = (mu > 0) & np.isfinite(mu) & np.isfinite(eps)
     if ok.any():
         m, e = mu[ok], eps[ok]
-        a = log_ndtr(-e / m + m / 2)
-        b = log_ndtr(-e / m - m / 2)
+        x = -e / m + m / 2
+        a = log_ndtr(x)
         with np.errstate(invalid="ignore"):
-            out[ok] = a + log1mexp(np.minimum(e + b - a, 0.0))
+            drop = _log_ndtr_drop(x, m, a)  # log Phi(-e/m - m/2) - a
+            val = a + log1mexp(np.minimum(e + drop, 0.0))
+        out[ok] = np.where(np.isneginf(a), -np.inf, val)  # Phi underflows: delta is 0
     if np.isnan(out).any():
         raise NumericalError(f"exact Gaussian delta is NaN at gdp_mu={gdp_mu}, epsilon={epsilon}")
     return out
@@ -125,9 +154,12 @@ def _tail_upper(mu: Any, d: float) -> Any:
 
 
 def _scalar_log_delta(mu: float, eps: float) -> tuple[float, float]:
-    a = float(log_ndtr(-eps / mu + mu / 2))
-    b = float(log_ndtr(-eps / mu - mu / 2))
-    return a + log1mexp_scalar(min(eps + b - a, 0.0)), b
+    x = -eps / mu + mu / 2
+    a = float(log_ndtr(x))
+    if a == -math.inf:
+        return -math.inf, -math.inf
+    drop = float(_log_ndtr_drop(x, mu, a))
+    return a + log1mexp_scalar(min(eps + drop, 0.0)), a + drop
 
 
 def _exact_epsilon_scalar(mu: float, d: float, rtol: float = 4e-15) -> float:

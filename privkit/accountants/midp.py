@@ -264,6 +264,9 @@ def _h_log_chi2(k: np.ndarray) -> np.ndarray:
 
 def _check_arrays(c: Any, sigma: Any, rho: Any, d: Any) -> tuple[np.ndarray, ...]:
     def arr(name: str, v: Any) -> np.ndarray:
+        raw = np.asarray(v) if not isinstance(v, bool) else None
+        if raw is None or raw.dtype == np.bool_:
+            raise InvalidParameterError(name, v, "a real number or array, not a bool")
         try:
             a = np.asarray(v, dtype=np.float64)
         except (TypeError, ValueError):
@@ -296,6 +299,8 @@ def _features_bound(c: np.ndarray, sigma: np.ndarray, rho: np.ndarray, d: np.nda
     """Theorem F, elementwise on validated, broadcast float64 arrays."""
     out = np.full(c.shape, np.inf)
     ok = sigma > 0
+    with np.errstate(over="ignore"):  # sigma so small that snr overflows: no privacy (inf)
+        ok &= np.isfinite((rho / np.where(ok, sigma, 1.0)) ** 2)
     c, sigma, rho, d = c[ok], sigma[ok], rho[ok], d[ok]
     snr = (rho / sigma) ** 2
     small = snr < _SMALL_SNR

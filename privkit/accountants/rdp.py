@@ -51,18 +51,23 @@ def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple
     rdp = np.asarray(rdp, dtype=np.float64)
     if (orders < _MIN_ORDER).any():
         raise NumericalError(f"RDP orders must be >= {_MIN_ORDER}")
-    if np.isnan(rdp).any() or (rdp < 0).any():
-        raise NumericalError("RDP curve has NaN or negative values")
+    if (rdp < 0).any():
+        raise NumericalError("RDP curve has negative values")
+    # An order whose RDP came out NaN (a series that failed at extreme parameters) is unusable,
+    # not fatal: the other orders still give a valid bound.
+    rdp = np.where(np.isnan(rdp), np.inf, rdp)
     if np.isinf(rdp).all():
         return math.inf, float(orders[0])
     vals = _terms(orders, rdp, math.log(delta))
     i = int(np.nanargmin(vals))
     eps = float(vals[i])
     if not eps > 0:
-        raise NumericalError(
-            f"RDP conversion gave epsilon {eps} <= 0 for a non-empty composition; "
-            "use method='exact' or 'pld' for such small privacy loss"
-        )
+        # The bound delta(eps) <= exp((a-1)(R(a) - eps)) (1-1/a)^a / (a-1) decreases in eps, so
+        # a root below 0 means delta(0) <= delta already: the guarantee is (0, delta). Checked
+        # at eps = 0 directly rather than assumed.
+        if delta_from_rdp(orders, rdp, 0.0)[0] <= delta:
+            return 0.0, float(orders[i])
+        raise NumericalError(f"RDP conversion gave epsilon {eps} <= 0 and did not verify")
     return eps, float(orders[i])
 
 

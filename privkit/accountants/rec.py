@@ -352,7 +352,7 @@ def _rec_rdp_cached(orders: tuple[float, ...], z: float, k: int, relation: str,
 
 
 def rec_rdp(orders: Any, noise_multiplier: float, num_candidates: int,
-            neighboring_relation: Any = "REPLACE_ONE", *, grid_points: int = 24) -> np.ndarray:
+            neighboring_relation: Any = "REPLACE_ONE", *, grid_points: int = 60) -> np.ndarray:
     """RDP upper bound of one REC message at ``orders`` (Theorem R; see the module docstring).
 
     Args:

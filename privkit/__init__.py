@@ -11,6 +11,8 @@ Examples:
     91.8173
 """
 
+# First: registers dp-accounting without running its package __init__ (privkit._dpa).
+from privkit import _dpa  # noqa: F401, I001
 from privkit.accountants import (
     Accountant,
     EpsilonReport,

@@ -7,14 +7,26 @@ at extreme arguments in ``tests/privkit/test_numerics.py``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from scipy import special
+
+from privkit._lazy import LazyModule
+
+special = LazyModule("scipy.special")
 
 __all__ = ["log_ndtr", "log_sub_exp", "logsumexp", "log1mexp", "log1mexp_scalar"]
 
-log_ndtr = special.log_ndtr
-logsumexp = special.logsumexp
+
+
+def log_ndtr(x: Any) -> Any:
+    """log Phi(x), accurate in both tails (scipy.special.log_ndtr)."""
+    return special.log_ndtr(x)
+
+
+def logsumexp(a: Any, **kwargs: Any) -> Any:
+    """scipy.special.logsumexp."""
+    return special.logsumexp(a, **kwargs)
 
 
 def log1mexp(x: np.ndarray | float) -> np.ndarray | float:

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attr
-from dp_accounting import dp_event
 from dp_accounting.dp_event import (
     ComposedDpEvent,
     DpEvent,
@@ -42,6 +41,7 @@ from dp_accounting.dp_event import (
 )
 
 from privkit import _validate
+from privkit._dpa import dp_event  # noqa: I001  (first: it defers dp-accounting's heavy __init__)
 from privkit.errors import InvalidParameterError
 
 __all__ = [

@@ -33,9 +33,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-from dp_accounting.dp_event import DpEvent
 
 from privkit import _journal, _validate
+from privkit._dpa import dp_event
 from privkit._journal import SCHEMA, atomic_write_bytes, canonical_json, is_int, optional
 from privkit.accountants.accountant import Method, epsilon_batch_compositions
 from privkit.accountants.rules import Composition, NeighboringRelation, flatten
@@ -49,6 +49,8 @@ from privkit.errors import (
     PrivkitError,
 )
 from privkit.events import event_from_dict, event_to_dict
+
+DpEvent = dp_event.DpEvent
 
 __all__ = ["SCHEMA", "Ledger", "LedgerPointer", "LedgerReport", "SpendReceipt",
            "atomic_write_bytes"]

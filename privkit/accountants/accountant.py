@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
 
 from privkit import _validate
+from privkit._dpa import dp_event
 from privkit.accountants import fftpld, gaussian, pure, rdp, rules
 from privkit.accountants import pld as pld_acc
 from privkit.accountants.rules import (

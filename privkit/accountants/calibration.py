@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dp_accounting import dp_event
-
 from privkit import _validate
+from privkit._dpa import dp_event
 from privkit.accountants import fftpld, gaussian, pld
 from privkit.accountants.accountant import Method, _fft_atoms, auto_prefers_pld, epsilon
 from privkit.accountants.rules import NeighboringRelation, flatten

@@ -26,10 +26,9 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from privkit import _validate
-from privkit._numerics import log1mexp, log1mexp_scalar, log_ndtr
+from privkit._numerics import log1mexp, log1mexp_scalar, log_ndtr, special
 from privkit.errors import InvalidParameterError, NumericalError
 
 __all__ = [

@@ -72,9 +72,9 @@ from typing import Any
 
 import attr
 import numpy as np
-from scipy import special
 
 from privkit import _validate
+from privkit._numerics import special
 from privkit.accountants import rules
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
 from privkit.events import DpEvent, register_event_module

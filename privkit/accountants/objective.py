@@ -35,11 +35,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from privkit import _validate
 from privkit.accountants import rules
 from privkit.accountants.fftpld import PureAtom
+from privkit.accountants.rules import pld_lib
 from privkit.errors import InvalidParameterError
 from privkit.events import L2LaplaceDpEvent, ObjectivePerturbationDpEvent
 

@@ -30,13 +30,15 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
-import scipy.fft
-from scipy.optimize import brentq
-from scipy.signal import lfilter
-from scipy.special import expit, gammaln, logsumexp
 
 from privkit import _validate
+from privkit._lazy import LazyModule
 from privkit.errors import InvalidParameterError, NumericalError
+
+_fft = LazyModule("scipy.fft")
+_optimize = LazyModule("scipy.optimize")
+_signal = LazyModule("scipy.signal")
+_special = LazyModule("scipy.special")
 
 __all__ = [
     "METHOD_KOV_EXACT", "METHOD_GRID", "METHOD_PLD", "METHOD_KOV_CLOSED_FORM", "METHOD_ADVANCED",
@@ -143,7 +145,7 @@ def _log_invert(log_delta: Callable[[float], float], delta: float, hi: float, rt
     while br[2] == -math.inf and br[1] - br[0] > rtol * br[1]:
         g(0.5 * (br[0] + br[1]))  # until log delta at the upper end is finite
     if br[1] - br[0] > rtol * br[1]:
-        brentq(g, br[0], br[1], xtol=max(0.25 * rtol * br[0], 1e-300),
+        _optimize.brentq(g, br[0], br[1], xtol=max(0.25 * rtol * br[0], 1e-300),
                rtol=max(0.25 * rtol, 4 * _U), maxiter=200)
     for _ in range(200):
         if br[1] - br[0] <= rtol * br[1]:
@@ -262,14 +264,15 @@ def _kov_log_delta_fn(eps0: float, k: int) -> Callable[[float], float]:
     """
     ell = np.arange(k + 1, dtype=np.float64)
     log_p = -math.log1p(math.exp(-eps0))
-    log_w = gammaln(k + 1.0) - gammaln(ell + 1.0) - gammaln(k - ell + 1.0) + k * log_p - ell * eps0
+    gln = _special.gammaln
+    log_w = gln(k + 1.0) - gln(ell + 1.0) - gln(k - ell + 1.0) + k * log_p - ell * eps0
     neg_loss = -(k - 2.0 * ell) * eps0  # ascending
 
     def log_delta(epsilon: float) -> float:
         n = int(np.searchsorted(neg_loss, -epsilon, side="left"))  # #{l : L_l > epsilon}
         if n == 0:
             return -math.inf
-        return float(logsumexp(log_w[:n] + np.log(-np.expm1(epsilon + neg_loss[:n]))))
+        return float(_special.logsumexp(log_w[:n] + np.log(-np.expm1(epsilon + neg_loss[:n]))))
 
     return log_delta
 
@@ -348,15 +351,15 @@ def _tilted_lattice(eps: np.ndarray, counts: list[int], grid: Any,
     c_arr = np.array(counts, dtype=np.float64)
 
     def mean_t(th: float) -> float:  # tilted mean of T
-        return float(np.sum(c_arr * strides * expit(th * strides - e_up))) - target_t
+        return float(np.sum(c_arr * strides * _special.expit(th * strides - e_up))) - target_t
 
     theta, target_t = 0.0, 0.5 * max(n_pts - 1 - (center or 0.0) / s, 0.5)
     if center is not None and k_terms > 1 and mean_t(0.0) > 0:
         lo = -1.0 / strides.max()
         while mean_t(lo) > 0:
             lo *= 2.0
-        theta = brentq(mean_t, lo, 0.0, xtol=1e-300, rtol=1e-6)
-    nfft = n_pts if k_terms == 1 else scipy.fft.next_fast_len(n_pts, real=True)
+        theta = _optimize.brentq(mean_t, lo, 0.0, xtol=1e-300, rtol=1e-6)
+    nfft = n_pts if k_terms == 1 else _fft.next_fast_len(n_pts, real=True)
     rel, log_z, spec, pmf = 0.0, 0.0, None, np.zeros(0)
     for c, stride, e in zip(counts, strides.astype(int), e_up, strict=True):
         log_p = -math.log1p(math.exp(-e))
@@ -364,16 +367,17 @@ def _tilted_lattice(eps: np.ndarray, counts: list[int], grid: Any,
         log_z += c * log_zj
         log_pt, log_qt = log_p - log_zj, log_p - e + theta * stride - log_zj
         ell = np.arange(c + 1, dtype=np.float64)
-        log_c = gammaln(c + 1.0) - gammaln(ell + 1.0) - gammaln(c - ell + 1.0)
-        rel += 4 * _U * (3 * gammaln(c + 1.0) + c * (abs(log_pt) + abs(log_qt)) + 4)
+        gln = _special.gammaln
+        log_c = gln(c + 1.0) - gln(ell + 1.0) - gln(c - ell + 1.0)
+        rel += 4 * _U * (3 * _special.gammaln(c + 1.0) + c * (abs(log_pt) + abs(log_qt)) + 4)
         pmf = np.zeros(nfft)
         pmf[: stride * c + 1 : stride] = np.exp(log_c + (c - ell) * log_pt + ell * log_qt)
         if k_terms > 1:
-            f = scipy.fft.rfft(pmf, workers=-1)
+            f = _fft.rfft(pmf, workers=-1)
             spec = f if spec is None else np.multiply(spec, f, out=spec)
     e2 = 0.0
     if k_terms > 1:
-        pmf = scipy.fft.irfft(spec, nfft, workers=-1)[:n_pts]
+        pmf = _fft.irfft(spec, nfft, workers=-1)[:n_pts]
         e2 = 10 * _U * (k_terms + 1) * (math.log2(nfft) + 1)
     pmf = np.maximum(pmf, 0.0)
     total = float(np.sum(pmf))
@@ -384,7 +388,7 @@ def _tilted_lattice(eps: np.ndarray, counts: list[int], grid: Any,
         with np.errstate(divide="ignore", over="ignore"):
             log_pmf = np.log(pmf) + (log_z - theta * np.arange(n_pts))
             pmf = np.minimum(np.exp(log_pmf), 1.0)
-    g_arr = lfilter([1.0], [1.0, -math.exp(-2.0 * s)], pmf)
+    g_arr = _signal.lfilter([1.0], [1.0, -math.exp(-2.0 * s)], pmf)
     d_arr = np.zeros(n_pts)
     np.cumsum(-math.expm1(-2.0 * s) * g_arr[:-1], out=d_arr[1:])
     neg_x = s * (2.0 * np.arange(n_pts) - (n_pts - 1))

@@ -18,9 +18,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize
 
+from privkit._lazy import LazyModule
 from privkit.errors import NumericalError
+
+optimize = LazyModule("scipy.optimize")
 
 __all__ = [
     "ORDERS",

@@ -66,10 +66,10 @@ from typing import Any
 
 import attr
 import numpy as np
-from dp_accounting import dp_event
-from scipy import interpolate, special
 
 from privkit import _validate
+from privkit._dpa import dp_event
+from privkit._lazy import LazyModule
 from privkit.accountants import rdp as rdp_lib
 from privkit.accountants import rules
 from privkit.accountants.rules import NeighboringRelation
@@ -79,6 +79,9 @@ from privkit.events import (
     SelfComposedDpEvent,
     register_event_module,
 )
+
+interpolate = LazyModule("scipy.interpolate")
+special = LazyModule("scipy.special")
 
 __all__ = [
     "RecDpEvent",

@@ -49,15 +49,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting import privacy_accountant as pa
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privkit import _validate
+from privkit._dpa import dp_event
+from privkit._dpa import privacy_accountant as pa
+from privkit._lazy import LazyModule
 from privkit.accountants.fftpld import GaussianAtom, PureAtom
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import PureDpEvent
+
+pld_lib = LazyModule("dp_accounting.pld.privacy_loss_distribution")
+rdp_lib = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
 NeighboringRelation = pa.NeighboringRelation
 

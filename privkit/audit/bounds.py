@@ -14,7 +14,11 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
+
+from privkit._lazy import LazyModule
+
+special = LazyModule("scipy.special")
+stats = LazyModule("scipy.stats")
 
 __all__ = [
     "clopper_pearson_upper",

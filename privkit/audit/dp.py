@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy import special
 
+from privkit._lazy import LazyModule
 from privkit.audit.bounds import (
     _threshold_audit,
     clopper_pearson_upper,
@@ -24,6 +24,8 @@ from privkit.audit.result import (
     _spawn,
 )
 from privkit.errors import NumericalError
+
+special = LazyModule("scipy.special")
 
 # Gaussian: the analytic-Gaussian sigma of eps = 1 at delta = 1e-5 (mechanisms.md 5).
 _GAUSS_CLIP = 0.5  # replace-one sensitivity of a clipped output: 2 C = 1

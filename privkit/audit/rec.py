@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import special
 
+from privkit._lazy import LazyModule
 from privkit.audit.bounds import renyi2_lower_bound
 from privkit.audit.result import RAW_NORM, AuditResult, _spawn
 from privkit.errors import NumericalError
+
+special = LazyModule("scipy.special")
 
 # REC: K = 64 candidates, c = C / sigma = 0.5 per one-coordinate group; claim D_2 <= 1.0225
 # (Theorem R; the exact D_2 of the full view is ~0.978 by Monte Carlo, of a 0.8x-noise view ~1.52).

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+import privkit
 from privkit.events import GaussianDpEvent
 from privkit.ledger import Ledger
 
@@ -17,6 +18,9 @@ from privkit.ledger import Ledger
 def main() -> None:
     path, seed, max_spends = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     ledger = Ledger.open(path)
+    # Warm up: the accountant imports its numerical modules on first use; do that before
+    # "ready" so that the kill window covers spends, not imports.
+    privkit.epsilon(GaussianDpEvent(50.0), 1e-5)
     rng = np.random.default_rng(seed)
     clients = [f"c{i}" for i in range(20)]
     print("ready", flush=True)

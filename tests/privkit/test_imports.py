@@ -36,7 +36,8 @@ def test_dp_accounting_completes_itself_after_privkit() -> None:
                "a.compose(privkit.gaussian_steps_event(1.0, 10))\n"
                "print(dp_accounting.NeighboringRelation.REPLACE_ONE.name,\n"
                "      dp_accounting.GaussianDpEvent is privkit.GaussianDpEvent,\n"
-               "      callable(dp_accounting.calibrate_dp_mechanism), round(a.get_epsilon(1e-5), 4))")
+               "      callable(dp_accounting.calibrate_dp_mechanism),\n"
+               "      round(a.get_epsilon(1e-5), 4))")
     assert out == "REPLACE_ONE True True 17.8566"
 
 

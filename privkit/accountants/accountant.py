@@ -260,9 +260,12 @@ def _auto_epsilon(comp: Composition, d: float, relation: Any) -> tuple[float, st
     """The smallest of the valid upper bounds AUTO can compute (see :class:`Method`).
 
     Non-subsampled Gaussians: exact. Otherwise the candidates are optimal pure composition
-    (pure steps), RDP (cheap), privkit's PLD (Gaussian family and pure steps, any mix; its grid
-    is capped at :data:`privkit.accountants.fftpld.MAX_POINTS`, which bounds its time) and, for
-    events privkit's PLD does not know, dp-accounting's PLD (skipped when RDP's epsilon is above
+    (pure steps), the exact value with every sampling rate set to 1 (Gaussian families), and
+    privkit's PLD (Gaussian family and pure steps, any mix; its grid is capped at
+    :data:`privkit.accountants.fftpld.MAX_POINTS`, which bounds its time). RDP is computed
+    when privkit's PLD cannot price the event: privkit's PLD is within ~1e-5 of the exact
+    curve, so RDP (an upper bound on the same curve) cannot beat it. Events privkit's PLD does
+    not know also get dp-accounting's PLD (skipped when the cheap bounds are above
     :data:`AUTO_PLD_MAX_EPSILON`, where it takes minutes). A method that fails is left out and
     named in the label of the one that wins if nothing tighter ran.
     """
@@ -276,21 +279,26 @@ def _auto_epsilon(comp: Composition, d: float, relation: Any) -> tuple[float, st
         if all(only_known_as_pure(a) for a, _ in comp.atoms):
             # the dominating pair itself (KOV exact, or privkit's PLD of it): nothing is tighter
             return candidates[0]
-    try:
-        candidates.append(_epsilon_by(comp, d, Method.RDP, relation))
-    except (UnsupportedEventError, NumericalError) as exc:
-        notes.append(f"rdp unavailable: {exc}")
     rho1 = _unsampled_rho(comp)
     if rho1 is not None:
         candidates.append((float(gaussian.exact_epsilon(math.sqrt(2 * rho1), d)),
                            "exact (sampling rates set to 1: subsampling can only help)"))
-    estimate = min((c[0] for c in candidates), default=math.nan)
     atoms = _fft_atoms(comp)
+    fft_ok = False
     if atoms is not None:
         try:
             candidates.append(_fft_epsilon(comp, atoms, d, relation))
+            fft_ok = True
         except UnsupportedEventError as exc:
             notes.append(f"pld-fft unavailable: {exc}")
+    if not fft_ok:
+        try:
+            candidates.append(_epsilon_by(comp, d, Method.RDP, relation))
+        except (UnsupportedEventError, NumericalError) as exc:
+            notes.append(f"rdp unavailable: {exc}")
+    estimate = min((c[0] for c in candidates), default=math.nan)
+    if atoms is not None:
+        pass
     elif d < pld_acc.MIN_DELTA:
         notes.append(f"pld skipped: delta < {pld_acc.MIN_DELTA:g}")
     elif math.isfinite(estimate) and estimate > AUTO_PLD_MAX_EPSILON:

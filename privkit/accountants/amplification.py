@@ -15,14 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import attr
 import numpy as np
 
 from privkit import _validate
 from privkit.accountants import rules
 from privkit.accountants.fftpld import PureAtom
-from privkit.errors import InvalidParameterError, UnsupportedEventError
-from privkit.events import DpEvent, register_event_module
+from privkit.errors import UnsupportedEventError
+from privkit.events import PoissonSampledPureDpEvent, register_event_module
 
 __all__ = ["AMPLIFICATION_ASSUMPTION", "PoissonSampledPureDpEvent", "amplified_epsilon"]
 
@@ -46,41 +45,6 @@ def amplified_epsilon(epsilon: float, q: float) -> float:
     e = _validate.positive("epsilon", epsilon)
     p = _validate.probability("sampling_probability", q)
     return math.log1p(p * math.expm1(e))
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class PoissonSampledPureDpEvent(DpEvent):
-    """One pure-DP step on a Poisson subsample (each record kept with probability q).
-
-    Priced as pure ``eps' = log(1 + q (e^eps - 1))``-DP (:func:`amplified_epsilon`) with eps
-    the inner event's pure epsilon, dominated by randomized response RR(eps') in RDP and PLD.
-    Valid under add/remove neighbours only (RDP / PLD pricing refuse another relation; the
-    trainer opens amplified ledgers with ADD_OR_REMOVE_ONE), and only while the sampler's
-    outcome stays secret: every report containing it states that assumption.
-    dp-accounting's ``PoissonSampledDpEvent`` is not used because privkit's pure-DP
-    accountants do not price it (and its L2-norm Laplace inner event has no PLD).
-
-    Attributes:
-        sampling_probability: q in (0, 1].
-        event: the inner step, an event with a pure epsilon (e.g. ``L2LaplaceDpEvent``).
-    """
-
-    sampling_probability: float
-    event: DpEvent
-
-    def __attrs_post_init__(self) -> None:
-        _validate.probability("PoissonSampledPureDpEvent.sampling_probability",
-                              self.sampling_probability)
-        if not isinstance(self.event, DpEvent) or rules.pure_epsilon(self.event) is None:
-            raise InvalidParameterError("PoissonSampledPureDpEvent.event", self.event,
-                                        "a pure-DP event (one with a pure epsilon)")
-
-    @property
-    def epsilon(self) -> float:
-        """The amplified per-step epsilon eps'."""
-        inner = rules.pure_epsilon(self.event)
-        assert inner is not None
-        return amplified_epsilon(inner, self.sampling_probability)
 
 
 register_event_module(__name__)

@@ -64,20 +64,18 @@ Examples:
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import attr
 import numpy as np
 
 from privkit import _validate
 from privkit._numerics import special
 from privkit.accountants import rules
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
-from privkit.events import DpEvent, register_event_module
+from privkit.events import CodedDataMiEvent, LabelMode, register_event_module
 
 __all__ = [
     "LabelMode",
@@ -101,89 +99,6 @@ REPORT_LABEL = ("MI-DP (Cuff-Yu), nats, average-case; " + COVERS
 _LN2 = math.log(2.0)
 #: Below this snr the closed form of mu* cancels; its series is used instead.
 _SMALL_SNR = 1e-6
-
-
-class LabelMode(enum.Enum):
-    """How the labels are uploaded with the coded features."""
-
-    NOISY = "noisy"
-    """``Y~ = G Y + sigma_y N_y``: privkit's default; the bound covers the whole record."""
-    PAPER_NOISELESS = "paper_noiseless"
-    """``Y~ = G Y`` as in the paper: labels unprotected, and G can be read off Y~."""
-    NONE = "none"
-    """No labels uploaded (features only): Theorem F as is."""
-
-
-def _label_mode(value: Any) -> LabelMode:
-    if isinstance(value, LabelMode):
-        return value
-    if isinstance(value, str):
-        for m in LabelMode:
-            if value in (m.name, m.value):
-                return m
-    raise InvalidParameterError("label_mode", value,
-                                "a LabelMode (NOISY, PAPER_NOISELESS or NONE)")
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class CodedDataMiEvent(DpEvent):
-    """One client's one-time coded upload (SCFL): everything the MI-DP bound needs.
-
-    This is an MI-DP release, not an (epsilon, delta) one: price it with
-    :func:`midp_coded_release`; :func:`privkit.epsilon` and the ledger refuse it.
-
-    Attributes:
-        num_coded_rows: c, the number of coded rows, an integer >= 1.
-        stddev: sigma, absolute stddev of the feature noise, >= 0 (0 gives MI-DP = inf).
-        row_l2_bound: rho_x, the L2 bound every feature row was clipped to, > 0.
-        dim: d, number of feature columns (a bias column included), an integer >= 1.
-        label_mode: :class:`LabelMode` (stored by name in JSON).
-        label_stddev: sigma_y, > 0 for ``NOISY``; 0 for ``PAPER_NOISELESS`` and ``NONE``.
-        label_l2_bound: rho_y, the L2 bound labels were clipped to (> 0; required for
-            ``NOISY``; one-hot labels: the scale of the one-hot rows, 1 unless weighted);
-            None when the labels were not clipped.
-        label_dim: o, number of label columns; 0 exactly for ``NONE``.
-        categorical_labels: True for one-hot labels (o classes, possibly scaled by
-            ``label_l2_bound``): the label then carries at most log o nats.
-    """
-
-    num_coded_rows: int
-    stddev: float
-    row_l2_bound: float
-    dim: int
-    label_mode: LabelMode = attr.ib(converter=_label_mode)
-    label_stddev: float = 0.0
-    label_l2_bound: float | None = None
-    label_dim: int = 0
-    categorical_labels: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        n = "CodedDataMiEvent"
-        _validate.positive_int(f"{n}.num_coded_rows", self.num_coded_rows)
-        _validate.nonnegative(f"{n}.stddev", self.stddev)
-        _validate.positive(f"{n}.row_l2_bound", self.row_l2_bound)
-        _validate.positive_int(f"{n}.dim", self.dim)
-        o = _validate.nonnegative_int(f"{n}.label_dim", self.label_dim)
-        sy = _validate.nonnegative(f"{n}.label_stddev", self.label_stddev)
-        if self.label_l2_bound is not None:
-            _validate.positive(f"{n}.label_l2_bound", self.label_l2_bound)
-        if not isinstance(self.categorical_labels, bool):
-            raise InvalidParameterError(f"{n}.categorical_labels", self.categorical_labels,
-                                        "a bool")
-        mode = self.label_mode
-        if (mode is LabelMode.NONE) != (o == 0):
-            raise InvalidParameterError(f"{n}.label_dim", self.label_dim,
-                                        "0 exactly when label_mode is NONE")
-        if mode is LabelMode.NOISY:
-            if not sy > 0:
-                raise InvalidParameterError(f"{n}.label_stddev", self.label_stddev,
-                                            "> 0 in NOISY mode (0 is the paper's scheme)")
-            if self.label_l2_bound is None:
-                raise InvalidParameterError(f"{n}.label_l2_bound", None,
-                                            "given (the labels' clipping bound) in NOISY mode")
-        elif sy != 0:
-            raise InvalidParameterError(f"{n}.label_stddev", self.label_stddev,
-                                        f"0 in {mode.name} mode")
 
 
 register_event_module(__name__)

@@ -36,87 +36,17 @@ from typing import Any
 
 import numpy as np
 
-from privkit import _validate
 from privkit.accountants import rules
 from privkit.accountants.fftpld import PureAtom
 from privkit.accountants.rules import pld_lib
-from privkit.errors import InvalidParameterError
-from privkit.events import L2LaplaceDpEvent, ObjectivePerturbationDpEvent
+from privkit.events import (
+    JACOBIAN_CONSTANT,
+    L2LaplaceDpEvent,
+    ObjectivePerturbationDpEvent,
+    objective_step_epsilon,
+)
 
 __all__ = ["objective_step_epsilon", "JACOBIAN_CONSTANT"]
-
-#: The constant c with -ln(1 - x) <= c x on [0, 0.5] used by Thm C.2 (2 ln 2 = 1.386 < 1.4).
-JACOBIAN_CONSTANT = 1.4
-
-
-def objective_step_epsilon(
-    *,
-    alpha: float,
-    lipschitz: float,
-    smoothness: float,
-    rank: int,
-    dataset_size: int,
-    proximal_mu: float,
-) -> float:
-    """Per-step epsilon of objective perturbation, Upcycled-FL Thm C.2 with explicit rank.
-
-    ``epsilon = 2 alpha u1/|D| + 1.4 rank u2/(|D| mu)``; ``rank = 2`` gives the
-    paper's ``(2 alpha u1 mu + 2.8 u2)/(|D| mu)``. The second term does not
-    shrink with alpha: it is a per-step floor.
-
-    Args:
-        alpha: rate of the L2-Laplace linear term ``p(n) ~ exp(-alpha ||n||_2)``, > 0.
-        lipschitz: u1, bound on every per-example gradient norm, > 0 (logistic: max ||x~||).
-        smoothness: u2, bound on the per-example loss's second derivative, >= 0
-            (logistic: max ||x~||^2 / 4).
-        rank: rank bound r of the Hessian difference of neighbours, integer >= 1
-            (2 for a binary GLM; 2(K-1) for K-class softmax).
-        dataset_size: |D_i|, records of the client, integer >= 1.
-        proximal_mu: mu, weight of the proximal term, > 0.
-
-    Returns:
-        The per-step epsilon (pure DP, delta = 0) under the theorem's conditions.
-
-    Raises:
-        InvalidParameterError: a bad argument, or condition (d) ``u2 <= 0.5 |D| mu``
-            violated (named ``smoothness``; the message gives dataset_size and proximal_mu).
-
-    Example:
-        >>> e = objective_step_epsilon(alpha=20, lipschitz=1, smoothness=0.25, rank=2,
-        ...                            dataset_size=224, proximal_mu=0.1)
-        >>> round(e, 6), round(40 * e, 6)
-        (0.209821, 8.392857)
-    """
-    return _step_epsilon(
-        "", alpha=alpha, lipschitz=lipschitz, smoothness=smoothness, rank=rank,
-        dataset_size=dataset_size, proximal_mu=proximal_mu,
-    )
-
-
-def _step_epsilon(
-    prefix: str, *, alpha: Any, lipschitz: Any, smoothness: Any, rank: Any,
-    dataset_size: Any, proximal_mu: Any,
-) -> float:
-    """:func:`objective_step_epsilon` with error names prefixed (e.g. by the event class)."""
-    a = _validate.positive(prefix + "alpha", alpha)
-    u1 = _validate.positive(prefix + "lipschitz", lipschitz)
-    u2 = _validate.nonnegative(prefix + "smoothness", smoothness)
-    r = _validate.positive_int(prefix + "rank", rank)
-    n = _validate.positive_int(prefix + "dataset_size", dataset_size)
-    mu = _validate.positive(prefix + "proximal_mu", proximal_mu)
-    bound = 0.5 * n * mu
-    if not u2 <= bound:
-        raise InvalidParameterError(
-            prefix + "smoothness", smoothness,
-            f"<= 0.5 * dataset_size * proximal_mu = {bound:g} (Thm C.2 condition (d); "
-            f"{prefix}dataset_size={n}, {prefix}proximal_mu={mu:g}): "
-            "use more records or a larger proximal_mu",
-        )
-    eps = 2.0 * a * u1 / n + JACOBIAN_CONSTANT * r * u2 / (n * mu)
-    if not (np.isfinite(eps) and eps > 0):
-        raise InvalidParameterError(prefix + "alpha", alpha, "such that epsilon is finite")
-    return float(eps)
-
 
 # --------------------------------------------------------------- rules
 @rules.pure_epsilon.register

@@ -64,7 +64,6 @@ import functools
 import math
 from typing import Any
 
-import attr
 import numpy as np
 
 from privkit import _validate
@@ -75,10 +74,13 @@ from privkit.accountants import rules
 from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import (
+    MAX_CANDIDATES,
+    RecDpEvent,
     SampledWithReplacementDpEvent,
     SelfComposedDpEvent,
     register_event_module,
 )
+from privkit.events.mechanisms import _relation_name
 
 interpolate = LazyModule("scipy.interpolate")
 special = LazyModule("scipy.special")
@@ -100,47 +102,12 @@ __all__ = [
 #: Largest RDP order priced (m+ is exact to degree 2 * MAX_ORDER - 1); higher orders get inf.
 MAX_ORDER = 256
 _R_MAX = 2 * MAX_ORDER - 1
-MAX_CANDIDATES = 1 << 24
 _WINDOW = 80.0  # log-integrand kept within this of its maximum
 AMPLIFICATION_ASSUMPTION = (
     "amplification by sampling with replacement: a fixed public population of N clients, "
     "|S'| independent uniform draws per round, one freshly seeded message per draw, and nobody "
     "the guarantee is stated against can link a message to a client or learn the sample "
     "(anonymising channel or trusted sampler); otherwise only the local guarantee holds")
-
-
-def _relation_name(value: Any) -> str:
-    if isinstance(value, NeighboringRelation):
-        return value.name
-    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
-        return value.upper()
-    raise InvalidParameterError("RecDpEvent.neighboring_relation", value,
-                                "REPLACE_ONE or ADD_OR_REMOVE_ONE")
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class RecDpEvent(dp_event.DpEvent):
-    """One DP-REC message: a clipped update sent as K candidates per group plus indices.
-
-    Attributes:
-        noise_multiplier: sigma / C, the prior std over the update's L2 clip norm (c = 1/it).
-        num_candidates: K = 2**bits, candidates per group, integer in [2, 2**24].
-        num_groups: M, groups the update was split into (the bound does not depend on it).
-        neighboring_relation: ``"REPLACE_ONE"`` (any two updates of the C-ball; default) or
-            ``"ADD_OR_REMOVE_ONE"`` (zero-out: an absent client encodes the zero update).
-    """
-
-    noise_multiplier: float
-    num_candidates: int
-    num_groups: int = 1
-    neighboring_relation: str = attr.ib(default="REPLACE_ONE", converter=_relation_name)
-
-    def __attrs_post_init__(self) -> None:
-        _validate.positive("RecDpEvent.noise_multiplier", self.noise_multiplier)
-        k = _validate.positive_int("RecDpEvent.num_candidates", self.num_candidates)
-        if not 2 <= k <= MAX_CANDIDATES:
-            raise InvalidParameterError("RecDpEvent.num_candidates", k, "in [2, 2**24]")
-        _validate.positive_int("RecDpEvent.num_groups", self.num_groups)
 
 
 register_event_module(__name__)

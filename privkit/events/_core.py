@@ -1,22 +1,6 @@
-"""Privacy events: the contract between mechanisms and accountants.
+"""The core of :mod:`privkit.events`: dp-accounting's events, ``PureDpEvent``, the JSON
+round trip and the step builders (see the package docstring)."""
 
-Standard events are dp-accounting's own (:mod:`dp_accounting.dp_event`) and are
-re-exported here, so a privkit mechanism can be priced by dp-accounting's
-accountants as well as by privkit's. privkit adds events for what dp-accounting
-lacks, in the same frozen, plain-data style. A new kind of privacy event is a
-new class (never a changed one) plus rules registered with
-:mod:`privkit.accountants.rules`; nothing else needs to change.
-
-Events are plain data and round-trip through JSON with :func:`event_to_dict` and
-:func:`event_from_dict`; only event classes from dp-accounting and from modules
-that registered themselves with :func:`register_event_module` can be rebuilt, so
-loading a journal never imports or calls arbitrary code.
-
-Examples:
-    >>> from privkit.events import GaussianDpEvent, SelfComposedDpEvent, event_to_dict
-    >>> event_to_dict(SelfComposedDpEvent(GaussianDpEvent(1.0), 3))["count"]
-    3
-"""
 
 from __future__ import annotations
 
@@ -56,8 +40,6 @@ __all__ = [
     "NoOpDpEvent",
     "NonPrivateDpEvent",
     "PureDpEvent",
-    "L2LaplaceDpEvent",
-    "ObjectivePerturbationDpEvent",
     "event_to_dict",
     "event_from_dict",
     "register_event_module",
@@ -87,7 +69,7 @@ class PureDpEvent(DpEvent):
         _validate.positive("epsilon", self.epsilon)
 
 
-_EVENT_MODULES: set[str] = {dp_event.__name__, __name__}
+_EVENT_MODULES: set[str] = {dp_event.__name__, "privkit.events"}
 
 
 def register_event_module(module_name: str) -> None:
@@ -191,84 +173,4 @@ def pure_steps_event(epsilon: float, steps: int) -> DpEvent:
     return SelfComposedDpEvent(PureDpEvent(e), k)
 
 
-# ------------------------------------------------ events added for mechanisms
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class L2LaplaceDpEvent(DpEvent):
-    """One use of the L2-norm Laplace ("K-norm") mechanism, pure ``epsilon``-DP.
-
-    The noise has density proportional to ``exp(-alpha ||x||_2)`` on R^d with
-    ``alpha = epsilon / Delta_2`` (Delta_2 the L2 sensitivity), so one use is
-    pure ``epsilon``-DP under the relation Delta_2 was computed for (the
-    log-density ratio is at most alpha * Delta_2; mechanisms.md 2.2). For
-    ``dimension == 1`` it *is* the 1-D Laplace mechanism and is priced with its
-    exact PLD; for ``dimension > 1`` it is priced through randomized response,
-    which dominates every ``epsilon``-DP mechanism (dp-accounting's
-    ``LaplaceDpEvent`` describes the 1-D / L1 mechanism and must not be used).
-
-    Attributes:
-        epsilon: privacy parameter of one use, finite and > 0.
-        dimension: number of noised coordinates d, an integer >= 1.
-    """
-
-    epsilon: float
-    dimension: int
-
-    def __attrs_post_init__(self) -> None:
-        _validate.positive("L2LaplaceDpEvent.epsilon", self.epsilon)
-        _validate.positive_int("L2LaplaceDpEvent.dimension", self.dimension)
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class ObjectivePerturbationDpEvent(DpEvent):
-    """One objective-perturbation step (Upcycled-FL Thm C.2), pure ``epsilon``-DP if proven.
-
-    The step minimises ``F_i(w) + (mu/2)||w - w_bar||^2 + <n, w>`` with
-    ``p(n) ~ exp(-alpha ||n||_2)``. Under Thm C.2's conditions (GLM with convex
-    per-example loss, ``||grad|| < u1``, ``|loss''| <= u2``, feature norm <= 1,
-    ``u2 <= 0.5 |D| mu``, exact minimiser) one step is pure ``epsilon``-DP with
-    ``epsilon = 2 alpha u1/|D| + 1.4 rank u2/(|D| mu)``
-    (:func:`privkit.accountants.objective.objective_step_epsilon`; the paper's
-    rank is 2). ``epsilon`` must equal that formula (checked, relative 1e-9).
-
-    ``proven=False`` marks a step run outside the theorem (non-GLM model or an
-    inexact solver): it is still priced with ``epsilon`` but every report that
-    contains it carries a ``"NOT PROVEN: ..."`` assumption.
-
-    Attributes:
-        epsilon: per-step privacy parameter, finite and > 0.
-        alpha: L2-Laplace rate of the linear term (1 / length units of the gradient), > 0.
-        lipschitz: u1, bound on per-example gradient norms, > 0.
-        smoothness: u2, bound on the per-example loss's second derivative, >= 0.
-        rank: rank bound r of the Hessian difference (2 for a binary GLM), integer >= 1.
-        dataset_size: |D_i|, the client's number of records, integer >= 1.
-        proximal_mu: mu of the proximal term, > 0.
-        proven: True only if every condition of Thm C.2 is known to hold.
-    """
-
-    epsilon: float
-    alpha: float
-    lipschitz: float
-    smoothness: float
-    rank: int
-    dataset_size: int
-    proximal_mu: float
-    proven: bool
-
-    def __attrs_post_init__(self) -> None:
-        name = "ObjectivePerturbationDpEvent"
-        e = _validate.positive(f"{name}.epsilon", self.epsilon)
-        if not isinstance(self.proven, bool):
-            raise InvalidParameterError(f"{name}.proven", self.proven, "a bool")
-        # Imported here: privkit.accountants imports this module.
-        from privkit.accountants.objective import _step_epsilon
-
-        expected = _step_epsilon(
-            f"{name}.", alpha=self.alpha, lipschitz=self.lipschitz, smoothness=self.smoothness,
-            rank=self.rank, dataset_size=self.dataset_size, proximal_mu=self.proximal_mu,
-        )
-        if not math.isclose(e, expected, rel_tol=1e-9, abs_tol=0.0):
-            raise InvalidParameterError(
-                f"{name}.epsilon", self.epsilon,
-                f"2 alpha u1/|D| + 1.4 rank u2/(|D| mu) = {expected!r} (Thm C.2)",
-            )
+PureDpEvent.__module__ = "privkit.events"  # its public home (and the name ledgers store)

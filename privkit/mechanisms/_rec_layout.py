@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError
+from privkit.events.mechanisms import NeighboringRelation
 
 __all__ = ["SEED_BYTES"]
 

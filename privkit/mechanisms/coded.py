@@ -45,8 +45,8 @@ import numpy as np
 
 from privkit import _validate
 from privkit._rng import RngKind, check_rng
-from privkit.accountants.midp import CodedDataMiEvent, LabelMode
 from privkit.errors import InvalidParameterError
+from privkit.events import CodedDataMiEvent, LabelMode
 from privkit.mechanisms.clipping import clip_per_example
 
 __all__ = ["CodedUpload", "LabelMode", "CodedDataMiEvent", "code_client_data", "client_rng",

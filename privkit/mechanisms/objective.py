@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privkit import _validate
-from privkit.accountants.objective import objective_step_epsilon
 from privkit.errors import InvalidParameterError
-from privkit.events import ObjectivePerturbationDpEvent
+from privkit.events import ObjectivePerturbationDpEvent, objective_step_epsilon
 from privkit.mechanisms._tree import _check_noise_scale, _check_tree, _no_grad
 from privkit.mechanisms.sampling import l2_laplace_noise, tree_map
 
@@ -32,7 +31,7 @@ class ObjectivePerturbation:
 
     Guarantee (Thm C.2, rank made explicit): one step is pure epsilon-DP with
     ``step_epsilon = 2 alpha u1/|D| + 1.4 rank u2/(|D| mu)``
-    (:func:`privkit.accountants.objective.objective_step_epsilon`), under the
+    (:func:`privkit.events.objective_step_epsilon`), under the
     theorem's conditions:
 
     (a) the per-example loss is a generalised linear model, convex (the proof's

@@ -86,8 +86,8 @@ import numpy as np
 
 from privkit import _validate
 from privkit._rng import RngKind, SecureRandom, check_rng
-from privkit.accountants.rec import RecDpEvent
 from privkit.errors import InvalidParameterError
+from privkit.events import RecDpEvent
 from privkit.mechanisms._rec_layout import (
     SEED_BYTES,
     _check_grouping,

@@ -34,3 +34,28 @@ def test_non_finite_refused_naming_the_field():
     with pytest.raises(InvalidParameterError, match="GaussianDpEvent.noise_multiplier"):
         event_from_dict(json.loads('{"type": "dp_accounting.dp_event:GaussianDpEvent", '
                                    '"noise_multiplier": 1e999}'))
+
+
+def test_ledgers_written_before_the_events_moved_still_reopen():
+    # privkit's own event classes used to live beside their pricing rules; JSON written then
+    # names those modules, which keep re-exporting the classes.
+    from privkit.events import (
+        CodedDataMiEvent,
+        L2LaplaceDpEvent,
+        PoissonSampledPureDpEvent,
+        RecDpEvent,
+        event_from_dict,
+        event_to_dict,
+    )
+
+    rec = {"type": "privkit.accountants.rec:RecDpEvent", "noise_multiplier": 2.0,
+           "num_candidates": 16, "num_groups": 1, "neighboring_relation": "REPLACE_ONE"}
+    assert event_from_dict(rec) == RecDpEvent(2.0, 16)
+    amp = {"type": "privkit.accountants.amplification:PoissonSampledPureDpEvent",
+           "sampling_probability": 0.5,
+           "event": {"type": "privkit.events:L2LaplaceDpEvent", "epsilon": 1.0, "dimension": 3}}
+    assert event_from_dict(amp) == PoissonSampledPureDpEvent(0.5, L2LaplaceDpEvent(1.0, 3))
+    coded = CodedDataMiEvent(10, 1.0, 1.0, 3, "NONE")
+    old = event_to_dict(coded) | {"type": "privkit.accountants.midp:CodedDataMiEvent"}
+    assert event_from_dict(old) == coded
+    assert event_to_dict(RecDpEvent(2.0, 16))["type"] == "privkit.events:RecDpEvent"

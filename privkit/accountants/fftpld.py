@@ -45,15 +45,37 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from privkit.accountants._pld_compose import (
+    _as_pmf,
+    _compose,
+    _Composed,
+    _epsilon_of,
+    _hockey,
+)
+from privkit.accountants._pld_step import (
+    MAX_POINTS,
+    GaussianAtom,
+    PureAtom,
+    _directions,
+    _gaussian_pmf,
+    _moments,
+    _Pair,
+    _Pmf,
+    _pmfs,
+    _TooFine,
+)
 from privkit.errors import NumericalError, UnsupportedEventError
 
 __all__ = [
     "GaussianAtom",
     "PureAtom",
+    "Curve",
+    "WindowTooLarge",
+    "curve",
     "epsilon",
     "delta",
+    "estimate",
+    "plan",
     "choose_interval",
     "RELATIVE_ERROR",
     "MAX_POINTS",
@@ -62,507 +84,17 @@ __all__ = [
 
 #: Target relative distance of epsilon above the exact value (the grid is chosen for it).
 RELATIVE_ERROR = 5e-6
-#: Largest FFT window (grid points); beyond it the grid is made coarser. One step's PMF may
-#: hold at most ``_MAX_CELLS`` points. These caps bound time and memory (~0.5 GB at most).
-MAX_POINTS = 1 << 22
-_MAX_CELLS = 1 << 20
 #: Allowance in delta for floating-point error, per factor of an FFT power: 5e-16 in double
 #: precision (the largest error measured against extended precision was 1.3e-16, 1.2 unit
 #: roundoffs), 2.5e-19 in extended precision (the same 1.2 of its unit roundoff 2^-64, with the
-#: same 4x margin). A block's error carries into
-#: every use of the block, so a two-stage composition of T steps in B blocks is allowed
-#: ``a1 T + a2 B``. An FFT runs in extended precision when double's allowance would exceed
-#: :data:`_EXTENDED_ABOVE` of the target delta.
+#: same 4x margin). A block's error carries into every use of the block, so a two-stage
+#: composition of T steps in B blocks is allowed ``a1 T + a2 B``. An FFT runs in extended
+#: precision when double's allowance would exceed :data:`_EXTENDED_ABOVE` of the target delta.
 SLACK_PER_FACTOR = {False: 5e-16, True: 2.5e-19}
 _EXTENDED_ABOVE = 1e-4
-#: Largest |loss| on the grid (exp of it must stay finite); beyond, pricing is refused.
-_MAX_LOSS = 600.0
-#: Gauss-Legendre nodes per piece and the widest piece, in units of the noise std.
-_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(2)
-_PIECE = 1.0 / 256
-#: Bound on the quadrature's relative error per cell (tested against exact Gaussian cell
-#: masses); every mass is raised by this factor, so the masses stay on the safe side.
-_QUAD_RTOL = 1e-12
-#: Each of the tails moved (to +inf, or up to the lowest grid point) has at most this
-#: share of the target delta, per step; the wrap-around bound at most ``_TAIL_SHARE``.
+#: The tails moved (to +inf, or up to the lowest grid point) and the wrap-around bound each
+#: get at most this share of the target delta.
 _TAIL_SHARE = 1e-6
-_TINY = 1e-300
-
-
-# ------------------------------------------------------------------ atoms
-@dataclass(frozen=True)
-class GaussianAtom:
-    """One use of the Gaussian mechanism (``q = 1``) or its Poisson-subsampled version.
-
-    Attributes:
-        noise_multiplier: z = stddev / sensitivity, > 0.
-        sampling_probability: q in (0, 1].
-    """
-
-    noise_multiplier: float
-    sampling_probability: float = 1.0
-
-
-@dataclass(frozen=True)
-class PureAtom:
-    """One use of an epsilon-DP mechanism, priced as randomized response RR(epsilon)."""
-
-    epsilon: float
-
-
-class _Pair:
-    """A one-step dominating pair (P, Q) parametrised so that the loss is increasing in x.
-
-    ``scale`` is the noise standard deviation; ``kind`` one of ``remove`` (P the mixture
-    (1-q) N(0) + q N(1), Q = N(0)), ``add`` (P = N(0), Q the mixture, x mirrored), ``replace``
-    (P = (1-q) N(0) + q N(1/2), Q = (1-q) N(0) + q N(-1/2)).
-    """
-
-    def __init__(self, kind: str, z: float, q: float) -> None:
-        if not 1e-100 < z < 1e100:
-            raise UnsupportedEventError(
-                f"privkit's PLD: noise multiplier {z:g} is outside what a discretised PLD can "
-                "represent")
-        self.kind, self.z, self.q = kind, float(z), float(q)
-        self.log_q = math.log(q)
-        self.log_1mq = math.log1p(-q) if q < 1 else -math.inf
-        self.shift = 0.5 if kind == "replace" else 1.0
-        # means of the components of P (in the x parametrisation)
-        self.means = (0.0,) if kind == "add" else (0.0, self.shift) if q < 1 else (self.shift,)
-
-    # -- P's density and tails
-    def loss_and_density(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The privacy loss L(x) and P's density at x. P's density is the N(0, z^2) density
-        times the mixture factor whose log is the loss's numerator (one exp, no overflow)."""
-        z = self.z
-        norm = -math.log(z * math.sqrt(2 * math.pi))
-        base = -0.5 * (x / z) ** 2 + norm
-        z2 = z * z
-        if self.kind == "add":
-            return self.loss(x), np.exp(base)
-        if self.kind == "remove":
-            ell = self.loss(x)
-            return ell, np.exp(base + ell)
-        c = self.shift
-        if self.q == 1:
-            return 2 * c * x / z2, np.exp(-0.5 * ((x - c) / z) ** 2 + norm)
-        up = self._log_mix((2 * c * x - c * c) / (2 * z2))
-        down = self._log_mix((-2 * c * x - c * c) / (2 * z2))
-        return up - down, np.exp(base + up)
-
-    def tail_above(self, x: float) -> float:
-        """P(X > x)."""
-        from scipy.special import ndtr
-
-        if self.kind == "add" or self.q == 1:
-            return float(ndtr(-(x - self.means[-1]) / self.z))
-        return float((1 - self.q) * ndtr(-x / self.z) + self.q * ndtr(-(x - self.shift) / self.z))
-
-    def tail_below(self, x: float) -> float:
-        """P(X < x)."""
-        from scipy.special import ndtr
-
-        if self.kind == "add" or self.q == 1:
-            return float(ndtr((x - self.means[-1]) / self.z))
-        return float((1 - self.q) * ndtr(x / self.z) + self.q * ndtr((x - self.shift) / self.z))
-
-    # -- the privacy loss and its inverse
-    def _log_mix(self, t: np.ndarray) -> np.ndarray:
-        """log(1 - q + q e^t), without overflow (e^t beyond e^700 is exact to float)."""
-        small = np.minimum(t, 700.0)
-        return np.where(t > 700.0, self.log_q + t, np.log1p(self.q * np.expm1(small)))
-
-    def loss(self, x: np.ndarray) -> np.ndarray:
-        z2 = self.z * self.z
-        if self.kind == "remove":
-            t = (2 * x - 1) / (2 * z2)
-            return t if self.q == 1 else self._log_mix(t)
-        if self.kind == "add":
-            t = (-2 * x - 1) / (2 * z2)
-            return -(t if self.q == 1 else self._log_mix(t))
-        c = self.shift
-        if self.q == 1:
-            return 2 * c * x / z2
-        return (self._log_mix((2 * c * x - c * c) / (2 * z2))
-                - self._log_mix((-2 * c * x - c * c) / (2 * z2)))
-
-    def x_of_loss(self, ell: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`loss` (-inf / +inf outside the loss's range)."""
-        ell = np.asarray(ell, dtype=np.float64)
-        z2 = self.z * self.z
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            if self.kind == "remove":
-                if self.q == 1:
-                    return z2 * ell + 0.5
-                arg = np.expm1(ell) + self.q
-                out = z2 * (np.log(np.where(arg > 0, arg, 1.0)) - self.log_q) + 0.5
-                return np.where(arg > 0, out, -np.inf)
-            if self.kind == "add":
-                if self.q == 1:
-                    return z2 * ell - 0.5
-                arg = np.expm1(-ell) + self.q
-                out = -(z2 * (np.log(np.where(arg > 0, arg, 1.0)) - self.log_q) + 0.5)
-                return np.where(arg > 0, out, np.inf)
-            c = self.shift
-            if self.q == 1:
-                return z2 * ell / (2 * c)
-            a = 1 - self.q
-            b = self.q * math.exp(-c * c / (2 * z2))
-            big_a = a * np.expm1(ell)
-            e = np.exp(ell)
-            root = np.sqrt(big_a * big_a + 4 * b * b * e)
-            u = np.where(big_a >= 0, (big_a + root) / (2 * b), 2 * b * e / (root - big_a))
-            return z2 * np.log(u) / c
-
-    def x_range(self, budget: float) -> tuple[float, float]:
-        """x bounds with at most ``budget`` of P's mass below and above."""
-        from scipy.special import ndtri
-
-        w = -float(ndtri(max(budget, _TINY)))
-        return min(self.means) - self.z * w, max(self.means) + self.z * w
-
-
-# --------------------------------------------------------------- one step
-class _Pmf:
-    """A discrete loss distribution on the grid {k h}: masses[i] at (k0 + i) h, plus +inf."""
-
-    __slots__ = ("k0", "masses", "inf_mass", "_mgf")
-
-    def __init__(self, k0: int, masses: np.ndarray, inf_mass: float) -> None:
-        self.k0, self.masses, self.inf_mass = int(k0), masses, float(inf_mass)
-        self._mgf: tuple[tuple[float, int], np.ndarray] | None = None
-
-    def log_mgf(self, h: float, group: int = 1) -> np.ndarray:
-        """Upper bounds on log E[e^{lam L}] of the finite part at lam in (+_LAMBDAS,
-        -_LAMBDAS), cached. With ``group`` > 1, runs of that many grid points are lumped at
-        their highest loss for lam > 0 and at their lowest for lam < 0 (cheaper, still
-        upper bounds)."""
-        if self._mgf is None or self._mgf[0] != (h, group):
-            m = self.masses
-            starts = np.arange(0, m.size, group)
-            binned = np.add.reduceat(m, starts) if group > 1 else m
-            lo = (self.k0 + starts) * h
-            hi = (self.k0 + np.minimum(starts + group - 1, m.size - 1)) * h
-            with np.errstate(divide="ignore"):
-                lm = np.log(binned)
-                x = np.concatenate([lm[None, :] + _LAMBDAS[:, None] * hi[None, :],
-                                    lm[None, :] - _LAMBDAS[:, None] * lo[None, :]])
-            top = x.max(axis=1)
-            with np.errstate(invalid="ignore"):
-                val = top + np.log(np.exp(x - top[:, None]).sum(axis=1))
-            self._mgf = ((h, group), np.where(np.isneginf(top), -np.inf, val))
-        return self._mgf[1]
-
-
-def _split(ell_hi: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray,
-           pair: _Pair) -> tuple[np.ndarray, np.ndarray]:
-    """Per cell: P-mass sent to the lower grid point and the cell's total P-mass.
-
-    Two-point Gauss-Legendre (exact for cubics) on pieces short enough that the Gaussian's
-    exponent changes by at most 1/256 across one (width <= z/256 and <= z^2 / (256 |x - mean|));
-    most cells are shorter than that already."""
-    width = x_b - x_a
-    z = pair.z
-    dist = np.min([np.maximum(np.abs(x_a - m), np.abs(x_b - m)) for m in pair.means], axis=0)
-    piece = np.minimum(_PIECE * z, _PIECE * z * z / np.maximum(dist, 1e-300))
-    pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
-    cell = np.repeat(np.arange(width.size), pieces)
-    first = np.cumsum(pieces) - pieces
-    j = np.arange(cell.size) - first[cell]
-    step = width[cell] / pieces[cell]
-    left = x_a[cell] + j * step
-    half = 0.5 * step
-    mid = left + half
-    xs = mid[:, None] + half[:, None] * _GL_NODES[None, :]
-    w = half[:, None] * _GL_WEIGHTS[None, :]
-    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
-        ell, dens = pair.loss_and_density(xs)
-        dens *= w
-        a = np.expm1(ell_hi[cell][:, None] - ell) / math.expm1(h)
-    a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0), 0.0, 1.0)
-    lower = np.bincount(cell, weights=(dens * a).sum(axis=1), minlength=width.size)
-    total = np.bincount(cell, weights=dens.sum(axis=1), minlength=width.size)
-    return lower, total
-
-
-def _gaussian_pmf(pair: _Pair, h: float, budget: float) -> _Pmf:
-    """Connect-the-dots PMF of one use of ``pair`` on the grid {k h} (see module doc)."""
-    x_lo, x_hi = pair.x_range(budget)
-    ell_lo, ell_hi = (float(v) for v in pair.loss(np.array([x_lo, x_hi])))
-    if not (abs(ell_lo) < _MAX_LOSS and abs(ell_hi) < _MAX_LOSS):
-        raise UnsupportedEventError(
-            f"privkit's PLD: a single step's privacy loss reaches "
-            f"{max(abs(ell_lo), abs(ell_hi)):.3g}"
-            " nats (noise multiplier too small for a discretised PLD)")
-    k_lo = math.floor(ell_lo / h)
-    k_hi = max(math.ceil(ell_hi / h), k_lo + 1)
-    if k_hi - k_lo > _MAX_CELLS:
-        raise _TooFine(int((k_hi - k_lo) * MAX_POINTS / _MAX_CELLS))
-    ks = np.arange(k_lo, k_hi + 1)
-    xs = pair.x_of_loss(ks * h)
-    xs = np.clip(xs, x_lo, x_hi)
-    xs[0], xs[-1] = x_lo, x_hi
-    lower, total = _split(ks[1:] * h, h, xs[:-1], xs[1:], pair)
-    masses = np.zeros(ks.size)
-    masses[:-1] += lower
-    masses[1:] += total - lower
-    # Below x_lo: up to the lowest grid point (its losses are <= ell_lo); above x_hi: +inf.
-    masses[0] += pair.tail_below(x_lo)
-    inf_mass = pair.tail_above(x_hi)
-    masses *= 1 + _QUAD_RTOL
-    return _Pmf(k_lo, masses, min(1.0, inf_mass))
-
-
-def _rr_pmf(eps0: float, h: float) -> _Pmf:
-    """Connect-the-dots PMF of randomized response RR(eps0) (both directions alike)."""
-    p = 1.0 / (1.0 + math.exp(-eps0))
-    k_lo, k_hi = math.floor(-eps0 / h), math.ceil(eps0 / h)
-    if k_hi - k_lo > _MAX_CELLS:
-        raise _TooFine(int((k_hi - k_lo) * MAX_POINTS / _MAX_CELLS))
-    masses = np.zeros(k_hi - k_lo + 1)
-    for ell, mass in ((eps0, p), (-eps0, 1.0 - p)):
-        k = math.floor(ell / h)
-        if k * h == ell or k + 1 > k_hi:
-            masses[min(k, k_hi) - k_lo] += mass
-            continue
-        a = math.expm1((k + 1) * h - ell) / math.expm1(h)
-        a = min(1.0, max(0.0, a))
-        masses[k - k_lo] += mass * a
-        masses[k + 1 - k_lo] += mass * (1 - a)
-    return _Pmf(k_lo, masses, 0.0)
-
-
-def _directions(atoms: list[tuple[Any, int]], relation: str) -> list[str]:
-    if relation == "REPLACE_ONE":
-        return ["replace"]
-    if all(isinstance(a, PureAtom) or a.sampling_probability == 1 for a, _ in atoms):
-        return ["remove"]  # the add pair is the mirror image: the same PLD
-    return ["remove", "add"]
-
-
-def _pmfs(atoms: list[tuple[Any, int]], direction: str, h: float,
-          budget: float) -> list[tuple[_Pmf, int]]:
-    out = []
-    for atom, n in atoms:
-        if isinstance(atom, PureAtom):
-            out.append((_rr_pmf(atom.epsilon, h), n))
-        else:
-            pair = _Pair(direction, atom.noise_multiplier, atom.sampling_probability)
-            out.append((_gaussian_pmf(pair, h, budget / n), n))
-    return out
-
-
-# ------------------------------------------------------------- composition
-def _fast_len(n: int) -> int:
-    """Smallest 2^a 3^b 5^c >= n (a size numpy's FFT handles fast)."""
-    best = 1 << max(0, (n - 1).bit_length())
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            m = p35
-            while m < n:
-                m *= 2
-            best = min(best, m)
-            p35 *= 3
-        p5 *= 5
-    return best
-
-
-def _moments(pmf: _Pmf, h: float) -> tuple[float, float]:
-    """Mean and variance of the finite part (normalised)."""
-    m = pmf.masses
-    tot = float(m.sum())
-    if tot <= 0:
-        return 0.0, 0.0
-    k = (pmf.k0 + np.arange(m.size)) * h
-    mean = float(np.dot(m, k) / tot)
-    var = float(np.dot(m, (k - mean) ** 2) / tot)
-    return mean, var
-
-
-#: Chernoff bounds are minimised over these lam (1/nats; any lam > 0 gives a valid bound).
-_LAMBDAS = np.geomspace(1e-2, 1e4, 11)
-
-
-def _log_mgf(pmfs: list[tuple[_Pmf, int]], h: float,
-             group: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Upper bounds on log E[e^{+lam S}] and log E[e^{-lam S}] of the composed finite parts,
-    lam in _LAMBDAS."""
-    total = sum(n * p.log_mgf(h, group) for p, n in pmfs)
-    k = _LAMBDAS.size
-    return total[:k], total[k:]
-
-
-def _tail_points(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
-                 group: int) -> tuple[float, float]:
-    """(a, b) with Chernoff bounds P(S <= a) <= tail and P(S >= b) <= tail, from one pass:
-    P(S >= b) <= E[e^{lam S}] e^{-lam b} <= tail iff b >= (log M(lam) - log tail) / lam."""
-    lt = math.log(max(tail, _TINY))
-    up, down = _log_mgf(pmfs, h, group)
-    return float(np.max((lt - down) / _LAMBDAS)), float(np.min((up - lt) / _LAMBDAS))
-
-
-def _upper_tail(pmfs: list[tuple[_Pmf, int]], h: float, b: float, group: int) -> float:
-    """Chernoff bound min_lam E[e^{lam S}] e^{-lam b} on P(S >= b)."""
-    up, _ = _log_mgf(pmfs, h, group)
-    return math.exp(min(0.0, float(np.min(up - _LAMBDAS * b))))
-
-
-@dataclass(frozen=True)
-class _Composed:
-    """A composed PMF on the grid points k_a .. k_a + N - 1 (interval h), its +inf mass and the
-    bound on the mass that wrapped round from above the window (to be added to delta)."""
-
-    k_a: int
-    h: float
-    pmf: np.ndarray
-    inf_mass: float
-    wrap_bound: float
-
-
-class _TooFine(Exception):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-
-#: Windows up to this many points hold the whole support of the composition (no wrap).
-_FULL_SUPPORT = 1 << 16
-
-
-def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
-             extended: bool = False) -> _Composed:
-    """The composition of ``n`` copies of each PMF by one FFT (module doc, step 2);
-    ``extended`` does the FFT in extended precision (numpy's longdouble through scipy.fft),
-    for tiny deltas. The Chernoff bounds use MGFs lumped in runs of grid points
-    (:meth:`_Pmf.log_mgf`) that move the bounds by at most one standard deviation of the sum."""
-    count = sum(n for _, n in pmfs)
-    sd = math.sqrt(sum(n * _moments(p, h)[1] for p, n in pmfs))
-    group = max(1, int(sd / (count * h)))
-    k_lo = sum(n * p.k0 for p, n in pmfs)
-    k_hi = sum(n * (p.k0 + p.masses.size - 1) for p, n in pmfs)
-    wrap = 0.0
-    k_a, k_b = k_lo, k_hi  # the whole composed support: nothing wraps
-    if k_hi - k_lo + 1 > _FULL_SUPPORT:
-        # Chernoff bounds cut both tails at the budget. Mass below the window wraps round to
-        # its top (pessimistic); the mass above it (<= the bound) is added to delta.
-        a, b = _tail_points(pmfs, h, tail, group)
-        k_a = max(k_lo, math.floor(a / h) - 1)
-        k_b = min(k_hi, max(math.ceil(b / h) + 1, k_a + 1))
-        if k_b < k_hi:
-            wrap = _upper_tail(pmfs, h, (k_b + 1) * h, group)
-    n = _fast_len(k_b - k_a + 1)
-    if n > MAX_POINTS:
-        raise _TooFine(n)
-    if extended:
-        from scipy import fft as fft_mod
-
-        real: Any = np.longdouble
-    else:
-        fft_mod, real = np.fft, np.float64
-    spec = None
-    log_fin = log_all = 0.0
-    for p, cnt in pmfs:
-        fin = float(p.masses.sum())
-        arr = np.bincount(np.arange(p.masses.size) % n, weights=p.masses, minlength=n)
-        f = _power(fft_mod.rfft(arr.astype(real)), cnt)
-        spec = f if spec is None else spec * f
-        log_fin += cnt * math.log(fin) if fin > 0 else -math.inf
-        log_all += cnt * math.log(fin + p.inf_mass)
-    c = np.asarray(fft_mod.irfft(spec, n), dtype=np.float64)
-    np.maximum(c, 0.0, out=c)  # rounding can leave tiny negatives: raising them is pessimistic
-    c = np.roll(c, (k_lo - k_a) % n)
-    # +inf mass of the composition: total mass minus finite mass (masses may exceed 1 by the
-    # wrap bounds added at an earlier stage, which keeps this pessimistic).
-    inf_mass = math.exp(log_all) if log_fin == -math.inf else \
-        math.exp(log_fin) * math.expm1(log_all - log_fin)
-    return _Composed(k_a, h, c, min(1.0, inf_mass), wrap)
-
-
-def _power(x: np.ndarray, n: int) -> np.ndarray:
-    """x ** n elementwise by repeated squaring (numpy's complex power is many times slower
-    for some exponents; the rounding error is of the same order)."""
-    out = None
-    base = x
-    while n:
-        if n & 1:
-            out = base.copy() if out is None else out * base
-        n >>= 1
-        if n:
-            base = base * base
-    assert out is not None
-    return out
-
-
-def _as_pmf(comp: _Composed, h: float) -> _Pmf:
-    """Re-discretise a composed PMF onto the coarser grid ``h`` (connect-the-dots split of each
-    point, as in step 1); the wrap bound joins the +inf mass (the wrapped copy stays, extra
-    mass), so the result dominates the composition."""
-    ell = (comp.k_a + np.arange(comp.pmf.size)) * comp.h
-    j = np.floor(ell / h).astype(np.int64)
-    j -= (j * h > ell)
-    a = np.clip(np.expm1((j + 1) * h - ell) / math.expm1(h), 0.0, 1.0)
-    j0 = int(j.min())
-    size = int(j.max()) - j0 + 2
-    masses = np.bincount(j - j0, weights=comp.pmf * a, minlength=size)
-    masses += np.bincount(j - j0 + 1, weights=comp.pmf * (1 - a), minlength=size)
-    nz = np.nonzero(masses)[0]
-    if nz.size == 0:
-        return _Pmf(j0, np.zeros(1), min(1.0, comp.inf_mass + comp.wrap_bound))
-    return _Pmf(j0 + int(nz[0]), masses[nz[0]:nz[-1] + 1],
-                min(1.0, comp.inf_mass + comp.wrap_bound))
-
-
-def _hockey(comp: _Composed, eps: float) -> float:
-    """delta(eps) of the composed discrete PMF (its +inf mass included)."""
-    k = comp.k_a + np.arange(comp.pmf.size)
-    ell = k * comp.h
-    sel = ell > eps
-    with np.errstate(over="ignore"):
-        vals = -np.expm1(eps - ell[sel])
-    return (comp.inf_mass + float(np.dot(comp.pmf[sel], vals))) * (1 + _READ_RTOL)
-
-
-#: Relative allowance for reading a delta off a PMF in double precision (summation and the
-#: PMF's own rounding to double): delta(eps) is reported times (1 + this).
-_READ_RTOL = 1e-14
-
-
-def _epsilon_of(comp: _Composed, target: float) -> float:
-    """Smallest eps >= 0 with delta(eps) <= target (closed form within a grid cell)."""
-    c, h, k_a = comp.pmf, comp.h, comp.k_a
-    n = c.size
-    target = target / (1 + _READ_RTOL)
-    if comp.inf_mass >= target:
-        return math.inf
-    if _hockey(comp, 0.0) <= target * (1 + _READ_RTOL):
-        return 0.0
-    # Suffix sums S0[i] = sum_{j>=i} c_j and, chunk by chunk (e^{+-500} stays finite),
-    # R[i] = sum_{j>=i} c_j e^{(i-j) h}; delta at grid point i is inf + S0[i] - R[i].
-    s0 = np.cumsum(c[::-1])[::-1]
-    r = np.empty(n)
-    chunk = max(1, int(500.0 / h))
-    carry = 0.0  # R at the start of the chunk above
-    for top in range(n, 0, -chunk):
-        bot = max(0, top - chunk)
-        seg = c[bot:top]
-        rel = np.arange(seg.size) * h  # (j - bot) h
-        with np.errstate(under="ignore"):
-            suffix = np.cumsum((seg * np.exp(-rel))[::-1])[::-1]
-            r[bot:top] = np.exp(rel) * (suffix + carry * math.exp(-(top - bot) * h))
-        carry = float(r[bot])
-    d_grid = comp.inf_mass + s0 - r
-    i = int(np.argmax(d_grid <= target))  # d_grid is non-increasing; the last point is inf
-    if not d_grid[i] <= target:
-        return math.inf
-    # Within [eps_{i-1}, eps_i] (below eps_0 for i = 0): delta(eps) = inf + S0[i] -
-    # e^{eps - eps_i} R[i], solved for delta(eps) = target.
-    floor = (k_a + i - 1) * h if i > 0 else 0.0
-    rem = comp.inf_mass + s0[i] - target
-    if not (r[i] > 0 and rem > 0):
-        return max((k_a + i) * h, 0.0)
-    eps = (k_a + i) * h + math.log(rem / r[i])
-    return min(max(eps, floor, 0.0), max((k_a + i) * h, 0.0))
 
 
 # ---------------------------------------------------------------- the plan

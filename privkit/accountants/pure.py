@@ -26,18 +26,36 @@ merged. Every result is an upper bound: epsilon in nats, delta a probability.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from privkit import _validate
 from privkit._lazy import LazyModule
+from privkit.accountants._pure_lattice import (
+    _grid_delta,
+    _grid_epsilon,
+    _plan,
+    dominating_pair_delta,
+    dominating_pair_epsilon,
+)
+from privkit.accountants._pure_terms import (
+    _TINY,
+    MAX_POINTS,
+    Sums,
+    Terms,
+    _checked,
+    _delta_of_log,
+    _drv,
+    _kov_eps,
+    _log_invert,
+    _smallest_delta,
+    _sums,
+    _terms,
+)
 from privkit.errors import InvalidParameterError, NumericalError
 
-_fft = LazyModule("scipy.fft")
-_optimize = LazyModule("scipy.optimize")
-_signal = LazyModule("scipy.signal")
 _special = LazyModule("scipy.special")
 
 __all__ = [
@@ -54,114 +72,12 @@ METHOD_PLD = "optimal (dominating pair, privkit PLD on a coarser grid)"
 METHOD_KOV_CLOSED_FORM = "KOV Thm 3.5 closed form"
 METHOD_ADVANCED = "advanced (DRV)"
 METHOD_BASIC = "basic"
-MAX_POINTS = 4_000_000  # largest lattice (or k + 1) the exact methods allocate (~1 s)
-
-Terms = Iterable[tuple[float, int]]
-Sums = tuple[float, float, float, float]
-_U = float(np.finfo(np.float64).eps) / 2  # unit roundoff
-_TINY = math.ulp(0.0)  # a positive delta is never rounded down to 0
-
-
-# ------------------------------------------------------------------ helpers
-def _terms(terms: Any) -> tuple[np.ndarray, list[int]]:
-    """Validate ``terms``; return the sorted distinct epsilons and their summed counts."""
-    need = "a non-empty sequence of (epsilon, count) pairs"
-    if isinstance(terms, (str, bytes)) or not isinstance(terms, Iterable):
-        raise InvalidParameterError("terms", terms, need)
-    merged: dict[float, int] = {}
-    for i, item in enumerate(terms):
-        try:
-            e, c = item
-        except (TypeError, ValueError):
-            raise InvalidParameterError(f"terms[{i}]", item, "an (epsilon, count) pair") from None
-        e = _validate.positive(f"terms[{i}] epsilon", e)
-        merged[e] = merged.get(e, 0) + _validate.positive_int(f"terms[{i}] count", c)
-    if not merged:
-        raise InvalidParameterError("terms", terms, need)
-    eps = sorted(merged)
-    return np.array(eps, dtype=np.float64), [merged[e] for e in eps]
-
-
-def _checked(what: str, value: float) -> float:
-    """``value`` as a float; NaN or negative raises NumericalError (it is never clamped)."""
-    value = float(value)
-    if math.isnan(value) or value < 0:
-        raise NumericalError(f"{what} came out as {value}; refusing to report it")
-    return value
-
-
-def _sums(eps: np.ndarray, counts: list[int]) -> Sums:
-    """S1 = sum c eps, S2 = sum c eps^2, B = sum c eps (e^eps - 1), m = sum c eps tanh(eps/2)."""
-    c = np.array(counts, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        terms = (c * eps, c * eps**2, c * eps * np.expm1(eps), c * eps * np.tanh(eps / 2))
-        return tuple(math.fsum(t) for t in terms)  # type: ignore[return-value]
-
-
-def _smallest_delta(eps_of: Callable[[float], float], d: float, target: float) -> float:
-    """Move a closed-form delta up (never down) until ``eps_of(delta) <= target``."""
-    d = max(d, _TINY)
-    for i in range(200):
-        if d >= 1.0:
-            return 1.0
-        if eps_of(d) <= target:
-            return d
-        d = min(1.0, d * (1.0 + 2.0 ** (i - 52)))
-    raise NumericalError(f"could not invert the closed form at epsilon={target}")
-
-
-def _delta_of_log(v: float) -> float:
-    """The delta reported for a log delta: in [0, 1], a positive one never rounded down to 0."""
-    return 0.0 if v == -math.inf else min(1.0, max(math.exp(v), _TINY))
-
-
-def _log_invert(log_delta: Callable[[float], float], delta: float, hi: float, rtol: float) -> float:
-    """Smallest eps >= 0 with ``log_delta(eps) <= log(delta)``, to relative width ``rtol``.
-
-    ``log_delta`` is non-increasing. The bracket is grown by doubling from ``hi``, then narrowed
-    by Brent's method on log delta and bisection, recording every evaluation. The UPPER end is
-    returned: a point where the delta that optimal_delta reports was computed <= ``delta``.
-    """
-    target = math.log(delta)
-    if _delta_of_log(log_delta(0.0)) <= delta:
-        return 0.0
-    br = [0.0, hi, -math.inf]  # lo, hi, log delta at hi
-
-    def g(x: float) -> float:
-        v = log_delta(x)
-        if math.isnan(v):
-            raise NumericalError(f"log delta came out as NaN at epsilon={x}")
-        if _delta_of_log(v) > delta:  # the very test optimal_delta's output would fail
-            br[0] = max(br[0], x)
-            return max(v - target, 1e-300)
-        if x <= br[1]:
-            br[1], br[2] = x, v
-        return min(max(v, -1e300) - target, 0.0)
-
-    while g(br[1]) > 0:
-        br[1] *= 2.0
-        if not math.isfinite(br[1]):
-            raise NumericalError("no finite epsilon reaches the target delta")
-    while br[2] == -math.inf and br[1] - br[0] > rtol * br[1]:
-        g(0.5 * (br[0] + br[1]))  # until log delta at the upper end is finite
-    if br[1] - br[0] > rtol * br[1]:
-        _optimize.brentq(g, br[0], br[1], xtol=max(0.25 * rtol * br[0], 1e-300),
-               rtol=max(0.25 * rtol, 4 * _U), maxiter=200)
-    for _ in range(200):
-        if br[1] - br[0] <= rtol * br[1]:
-            break
-        g(0.5 * (br[0] + br[1]))
-    return br[1]
 
 
 # -------------------------------------------------------- basic / advanced
 def basic_epsilon(terms: Terms) -> float:
     """Basic composition ``sum_j count_j eps_j`` in nats (delta = 0)."""
     return _checked("basic epsilon", _sums(*_terms(terms))[0])
-
-
-def _drv(sums: Sums, d: float) -> float:
-    return _checked("advanced epsilon", math.sqrt(2.0 * -math.log(d) * sums[1]) + sums[2])
 
 
 def drv_epsilon(terms: Terms, delta: float) -> float:
@@ -209,13 +125,6 @@ def advanced_delta(terms: Terms, epsilon: float) -> float:
 
 
 # ------------------------------------------------------ KOV Thm 3.5 closed form
-def _kov_eps(sums: Sums, d: float) -> float:
-    s1, s2, _, m = sums
-    second = m + math.sqrt(2.0 * s2 * math.log(math.e + math.sqrt(s2) / d))
-    third = m + math.sqrt(2.0 * s2 * -math.log(d))
-    return _checked("KOV closed-form epsilon", min(s1, second, third))
-
-
 def kov_closed_form_epsilon(terms: Terms, delta: float) -> float:
     """KOV (ICML 2015) Theorem 3.5 closed form for heterogeneous pure steps, in nats.
 
@@ -275,238 +184,6 @@ def _kov_log_delta_fn(eps0: float, k: int) -> Callable[[float], float]:
         return float(_special.logsumexp(log_w[:n] + np.log(-np.expm1(epsilon + neg_loss[:n]))))
 
     return log_delta
-
-
-# ---------------------------------------------------- optimal, heterogeneous
-class _Lattice(NamedTuple):
-    neg_x: np.ndarray  # -x_i, ascending; x_i = s (M - 2i) are the loss values, descending
-    d: np.ndarray  # D_i = delta(x_i) from the clipped PMF P
-    g: np.ndarray  # G_i = sum_{i' <= i} P_i' e^(x_i - x_i')
-    e2: float  # bound on ||FFT rounding error of the tilted PMF||_2
-    factor: float  # >= 1: allowance for the relative rounding of weights and recurrences
-    theta: float  # exponential tilt (<= 0) per lattice index
-    log_z: float  # log E[e^(theta T)]
-
-
-def _plan(eps: np.ndarray, counts: list[int], h: float) -> tuple[list[int], int, int]:
-    """m_j = smallest m >= 1 with m h >= eps_j (float64); g = gcd(m_j); lattice size."""
-    ms = []
-    for e in eps:
-        m = max(1, math.ceil(e / h))
-        m = m - 1 if m > 1 and (m - 1) * h >= e else m
-        ms.append(m + 1 if m * h < e else m)
-    g = math.gcd(*ms)
-    return ms, g, sum(m // g * c for m, c in zip(ms, counts, strict=True)) + 1
-
-
-def _sized_plan(eps: np.ndarray, counts: list[int], grid: Any) -> tuple[list[int], int, int]:
-    ms, g, n_pts = _plan(eps, counts, _validate.positive("grid", grid))
-    if n_pts > MAX_POINTS:
-        raise InvalidParameterError(
-            "grid", grid, f"coarse enough for a lattice of <= {MAX_POINTS} points (got {n_pts})")
-    return ms, g, n_pts
-
-
-def _slack(lat: _Lattice, n: Any) -> Any:
-    """FFT allowance sum_{i<n} |err P_i| <= e2 sqrt(sum_{i<n} Z^2 e^(-2 theta i)), n points."""
-    if lat.theta == 0.0:
-        return np.sqrt(n) * lat.e2
-    a = -2.0 * lat.theta
-    with np.errstate(divide="ignore", over="ignore"):
-        log_r = 2 * lat.log_z + np.log(np.expm1(a * np.asarray(n, dtype=np.float64)))
-        return lat.e2 * np.exp(0.5 * (log_r - math.log(math.expm1(a))))
-
-
-def _lattice(eps: np.ndarray, counts: list[int], grid: Any, center: float | None) -> _Lattice:
-    """The lattice of :func:`_tilted_lattice`; when the tilt towards ``center`` is so strong that
-    its rounding allowance would swamp delta (a centre at or beyond the largest loss), the
-    untilted lattice (``center`` None) is used instead: both are upper bounds."""
-    lat = _tilted_lattice(eps, counts, grid, center)
-    if lat.factor > 1.001 and center is not None:
-        return _tilted_lattice(eps, counts, grid, None)
-    return lat
-
-
-def _tilted_lattice(eps: np.ndarray, counts: list[int], grid: Any,
-                    center: float | None) -> _Lattice:
-    """PMF of L = sum_j (+-eps_j^up) on the lattice, and the O(N) arrays giving delta(eps).
-
-    With s = h g (g = gcd of the m_j), L = s (M - 2T), T = sum_j m'_j l_j and
-    l_j ~ Binomial(count_j, q_j) the number of "minus" outcomes: term j is a binomial PMF on
-    stride m'_j. Each term is tilted by e^(theta T) (still binomial), theta <= 0 chosen so that
-    the tilted mean sits at the loss ``center`` (nats): this makes FFT rounding relative where
-    delta is decided. The terms are multiplied in the rFFT domain (one forward transform each,
-    one inverse); negative rounding is clipped to 0 (which cannot increase any error) and
-    ``e2`` bounds the 2-norm error by the FFT bound of Higham (Accuracy and Stability, 2002,
-    Thm 24.2), (K+1) 6.7 u log2 n (|FFT a_j| <= ||a_j||_1 = 1), with a 1.5x margin. After
-    untilting, P_i = P~_i Z e^(-theta i), a tail sum with weights in [0, 1] errs by at most
-    e2 sqrt(sum_tail Z^2 e^(-2 theta i)) (:func:`_slack`). Then with r = e^-2s,
-    G_i = P_i + r G_{i-1} and D_{i+1} = D_i + (1 - r) G_i: sums of non-negative terms.
-    """
-    h = _validate.positive("grid", grid)
-    ms, gcd, n_pts = _sized_plan(eps, counts, grid)
-    k_terms, s = len(ms), h * gcd
-    strides = np.array([m // gcd for m in ms], dtype=np.float64)
-    e_up = np.array([m * h for m in ms])
-    c_arr = np.array(counts, dtype=np.float64)
-
-    def mean_t(th: float) -> float:  # tilted mean of T
-        return float(np.sum(c_arr * strides * _special.expit(th * strides - e_up))) - target_t
-
-    theta, target_t = 0.0, 0.5 * max(n_pts - 1 - (center or 0.0) / s, 0.5)
-    if center is not None and k_terms > 1 and mean_t(0.0) > 0:
-        lo = -1.0 / strides.max()
-        while mean_t(lo) > 0:
-            lo *= 2.0
-        theta = _optimize.brentq(mean_t, lo, 0.0, xtol=1e-300, rtol=1e-6)
-    nfft = n_pts if k_terms == 1 else _fft.next_fast_len(n_pts, real=True)
-    rel, log_z, spec, pmf = 0.0, 0.0, None, np.zeros(0)
-    for c, stride, e in zip(counts, strides.astype(int), e_up, strict=True):
-        log_p = -math.log1p(math.exp(-e))
-        log_zj = np.logaddexp(log_p, log_p - e + theta * stride)
-        log_z += c * log_zj
-        log_pt, log_qt = log_p - log_zj, log_p - e + theta * stride - log_zj
-        ell = np.arange(c + 1, dtype=np.float64)
-        gln = _special.gammaln
-        log_c = gln(c + 1.0) - gln(ell + 1.0) - gln(c - ell + 1.0)
-        rel += 4 * _U * (3 * _special.gammaln(c + 1.0) + c * (abs(log_pt) + abs(log_qt)) + 4)
-        pmf = np.zeros(nfft)
-        pmf[: stride * c + 1 : stride] = np.exp(log_c + (c - ell) * log_pt + ell * log_qt)
-        if k_terms > 1:
-            f = _fft.rfft(pmf, workers=-1)
-            spec = f if spec is None else np.multiply(spec, f, out=spec)
-    e2 = 0.0
-    if k_terms > 1:
-        pmf = _fft.irfft(spec, nfft, workers=-1)[:n_pts]
-        e2 = 10 * _U * (k_terms + 1) * (math.log2(nfft) + 1)
-    pmf = np.maximum(pmf, 0.0)
-    total = float(np.sum(pmf))
-    if not abs(total - 1.0) <= 1e-8 + e2 * math.sqrt(n_pts):
-        raise NumericalError(f"privacy-loss PMF sums to {total}, not 1")
-    if theta != 0.0:  # untilt: P_i = P~_i Z e^(-theta i), capped at 1 (true P_i <= 1)
-        rel += 2 * _U * (abs(log_z) - theta * n_pts + 1)
-        with np.errstate(divide="ignore", over="ignore"):
-            log_pmf = np.log(pmf) + (log_z - theta * np.arange(n_pts))
-            pmf = np.minimum(np.exp(log_pmf), 1.0)
-    g_arr = _signal.lfilter([1.0], [1.0, -math.exp(-2.0 * s)], pmf)
-    d_arr = np.zeros(n_pts)
-    np.cumsum(-math.expm1(-2.0 * s) * g_arr[:-1], out=d_arr[1:])
-    neg_x = s * (2.0 * np.arange(n_pts) - (n_pts - 1))
-    factor = math.exp(2 * rel + 8 * _U * n_pts)
-    return _Lattice(neg_x, d_arr, g_arr, e2, factor, float(theta), float(log_z))
-
-
-def _lattice_delta(lat: _Lattice, epsilon: float) -> float:
-    """Upper bound on delta(eps); for x_{j+1} <= eps <= x_j it is D_j + (1 - e^(eps-x_j)) G_j."""
-    n = int(np.searchsorted(lat.neg_x, -epsilon, side="left"))  # #{i : x_i > eps}
-    if n == 0:
-        return 0.0
-    j = n - 1
-    val = lat.d[j] - math.expm1(epsilon + lat.neg_x[j]) * lat.g[j] + float(_slack(lat, n))
-    return _checked("optimal delta", min(1.0, lat.factor * val))
-
-
-def _lattice_epsilon(lat: _Lattice, delta: float) -> float:
-    """Smallest eps >= 0 with ``_lattice_delta(eps) <= delta``: closed form in one cell."""
-    if _lattice_delta(lat, 0.0) <= delta:
-        return 0.0
-    j, hi = 0, lat.d.size  # largest j with U_j = factor (D_j + slack(j)) <= delta (U_0 = 0)
-    while hi - j > 1:
-        mid = (j + hi) // 2
-        j, hi = (mid, hi) if lat.factor * (lat.d[mid] + _slack(lat, mid)) <= delta else (j, mid)
-    best = -float(lat.neg_x[j])  # verified; look for a smaller answer inside cell j
-    room = delta / lat.factor - lat.d[j] - float(_slack(lat, j + 1))
-    if lat.g[j] > 0 and room > 0:
-        a_star = room / lat.g[j]
-        cand = max(0.0, best + (math.log1p(-a_star) if a_star < 1 else -math.inf))
-        for i in range(60):  # round up, verify, move further up if needed
-            cand += abs(cand) * 2.0 ** (i - 50) + _TINY
-            if cand >= best or _lattice_delta(lat, cand) <= delta:
-                best = min(best, cand)
-                break
-    if not _lattice_delta(lat, best) <= delta:
-        raise NumericalError(f"lattice inversion did not verify at epsilon={best}")
-    return best
-
-
-def _bin_width(eps: np.ndarray, counts: list[int]) -> float:
-    """Tilt centres are snapped to bins of one standard deviation of L (nats)."""
-    with np.errstate(over="ignore"):
-        var = math.fsum(np.array(counts, dtype=np.float64) * (eps / np.cosh(eps / 2)) ** 2)
-    return max(math.sqrt(var), 1e-6 * float(eps.max()), 1e-12)
-
-
-def _bin(e: float, w: float) -> int:
-    """The b with b w <= e < (b + 1) w, exactly as float64 computes b w."""
-    b = int(e // w)
-    while b > 0 and b * w > e:
-        b -= 1
-    while (b + 1) * w <= e:
-        b += 1
-    return b
-
-
-def _grid_delta(eps: np.ndarray, counts: list[int], e: float, grid: Any) -> float:
-    """The lattice bound at ``e``, tilted at the centre of the bin of ``e``."""
-    _, g, n_pts = _sized_plan(eps, counts, grid)
-    if e >= (n_pts - 1) * (float(grid) * g):  # at or above the largest loss: delta is 0
-        return 0.0
-    w = _bin_width(eps, counts)
-    return _lattice_delta(_lattice(eps, counts, grid, (_bin(e, w) + 0.5) * w), e)
-
-
-def _grid_epsilon(eps: np.ndarray, counts: list[int], d: float, grid: Any) -> float:
-    """Invert on the lattice whose tilt :func:`_grid_delta` uses at the answer (round trip).
-
-    A closed-form guess (for large lattices refined on a 16x coarser lattice, re-tilted until
-    its bin is stable) picks the bin b; the lattice tilted at bin b is inverted; if the answer
-    leaves bin b, the bin it names is tried next. If two neighbouring lattices each put the
-    answer in the other's bin, their common edge is returned, checked on the lattice that
-    :func:`_grid_delta` uses there.
-    """
-    sums, w, h = _sums(eps, counts), _bin_width(eps, counts), _validate.positive("grid", grid)
-    guess = min(_kov_eps(sums, d), _drv(sums, d))
-    for _ in range(6 if _sized_plan(eps, counts, grid)[2] > 200_000 else 0):
-        coarse = _lattice_epsilon(_lattice(eps, counts, 16 * h, guess), d)
-        guess, stop = coarse, _bin(coarse, w) == _bin(guess, w)
-        if stop:
-            break
-    b, seen, edge_ok = _bin(guess, w), {}, {}
-    for _ in range(20):
-        lat = _lattice(eps, counts, grid, (b + 0.5) * w)
-        e = _lattice_epsilon(lat, d)
-        seen[b], edge_ok[b] = _bin(e, w), _lattice_delta(lat, b * w) <= d
-        if seen[b] == b:
-            return _checked("optimal epsilon", e)
-        if seen[b] < b and seen.get(b - 1, -1) >= b and edge_ok[b]:
-            return _checked("optimal epsilon", b * w)
-        if seen[b] > b and b + 1 in seen and seen[b + 1] <= b and edge_ok[b + 1]:
-            return _checked("optimal epsilon", (b + 1) * w)
-        b = seen[b]
-    raise NumericalError("the lattice inversion did not settle on a tilt")
-
-
-def dominating_pair_delta(terms: Terms, epsilon: float, *, grid: float = 1e-4) -> float:
-    """Upper bound on delta(epsilon) (epsilon in nats, inf gives 0) from prod_j RR(eps_j^up).
-
-    eps_j^up = m_j * grid >= eps_j (``grid`` in nats); delta(eps) = sum_{L > eps} P(L)
-    (1 - e^(eps - L)) over the lattice PMF of the loss L, plus the FFT allowance: exact up to
-    it (relative ~1e-12) when every eps_j is a multiple of ``grid``. Raises
-    InvalidParameterError (``grid``) when the lattice would exceed :data:`MAX_POINTS` points.
-    """
-    eps, counts = _terms(terms)
-    e = _validate.nonnegative_or_inf("epsilon", epsilon)
-    _validate.positive("grid", grid)
-    return 0.0 if e == math.inf else _grid_delta(eps, counts, e, grid)
-
-
-def dominating_pair_epsilon(terms: Terms, delta: float, *, grid: float = 1e-4) -> float:
-    """Smallest epsilon (nats) with ``dominating_pair_delta(terms, eps, grid=grid) <= delta``.
-
-    Solved exactly in the lattice cell that holds it, rounded up by a few ulps and verified.
-    """
-    eps, counts = _terms(terms)
-    return _grid_epsilon(eps, counts, _validate.delta("delta", delta), grid)
 
 
 # --------------------------------------------------- optimal, via privkit's PLD

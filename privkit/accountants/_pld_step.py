@@ -1,0 +1,310 @@
+"""privkit's PLD, step 1: the one-step connect-the-dots PMFs of the dominating pairs.
+
+See :mod:`privkit.accountants.fftpld` for the method and its guarantees.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privkit.errors import UnsupportedEventError
+
+#: Largest FFT window (grid points); beyond it the grid is made coarser. One step's PMF may
+#: hold at most ``MAX_CELLS`` points. These caps bound time and memory (~0.5 GB at most).
+MAX_POINTS = 1 << 22
+MAX_CELLS = 1 << 20
+#: Largest |loss| on the grid (exp of it must stay finite); beyond, pricing is refused.
+_MAX_LOSS = 600.0
+#: Gauss-Legendre nodes per piece and the widest piece, in units of the noise std.
+_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(2)
+_PIECE = 1.0 / 256
+#: Bound on the quadrature's relative error per cell (tested against exact Gaussian cell
+#: masses); every mass is raised by this factor, so the masses stay on the safe side.
+_QUAD_RTOL = 1e-12
+_TINY = 1e-300
+#: Chernoff bounds are minimised over these lam (1/nats; any lam > 0 gives a valid bound).
+_LAMBDAS = np.geomspace(1e-2, 1e4, 11)
+
+
+class _TooFine(Exception):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+# ------------------------------------------------------------------ atoms
+@dataclass(frozen=True)
+class GaussianAtom:
+    """One use of the Gaussian mechanism (``q = 1``) or its Poisson-subsampled version.
+
+    Attributes:
+        noise_multiplier: z = stddev / sensitivity, > 0.
+        sampling_probability: q in (0, 1].
+    """
+
+    noise_multiplier: float
+    sampling_probability: float = 1.0
+
+
+@dataclass(frozen=True)
+class PureAtom:
+    """One use of an epsilon-DP mechanism, priced as randomized response RR(epsilon)."""
+
+    epsilon: float
+
+
+class _Pair:
+    """A one-step dominating pair (P, Q) parametrised so that the loss is increasing in x.
+
+    ``scale`` is the noise standard deviation; ``kind`` one of ``remove`` (P the mixture
+    (1-q) N(0) + q N(1), Q = N(0)), ``add`` (P = N(0), Q the mixture, x mirrored), ``replace``
+    (P = (1-q) N(0) + q N(1/2), Q = (1-q) N(0) + q N(-1/2)).
+    """
+
+    def __init__(self, kind: str, z: float, q: float) -> None:
+        if not 1e-100 < z < 1e100:
+            raise UnsupportedEventError(
+                f"privkit's PLD: noise multiplier {z:g} is outside what a discretised PLD can "
+                "represent")
+        self.kind, self.z, self.q = kind, float(z), float(q)
+        self.log_q = math.log(q)
+        self.log_1mq = math.log1p(-q) if q < 1 else -math.inf
+        self.shift = 0.5 if kind == "replace" else 1.0
+        # means of the components of P (in the x parametrisation)
+        self.means = (0.0,) if kind == "add" else (0.0, self.shift) if q < 1 else (self.shift,)
+
+    # -- P's density and tails
+    def loss_and_density(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The privacy loss L(x) and P's density at x. P's density is the N(0, z^2) density
+        times the mixture factor whose log is the loss's numerator (one exp, no overflow)."""
+        z = self.z
+        norm = -math.log(z * math.sqrt(2 * math.pi))
+        base = -0.5 * (x / z) ** 2 + norm
+        z2 = z * z
+        if self.kind == "add":
+            return self.loss(x), np.exp(base)
+        if self.kind == "remove":
+            ell = self.loss(x)
+            return ell, np.exp(base + ell)
+        c = self.shift
+        if self.q == 1:
+            return 2 * c * x / z2, np.exp(-0.5 * ((x - c) / z) ** 2 + norm)
+        up = self._log_mix((2 * c * x - c * c) / (2 * z2))
+        down = self._log_mix((-2 * c * x - c * c) / (2 * z2))
+        return up - down, np.exp(base + up)
+
+    def tail_above(self, x: float) -> float:
+        """P(X > x)."""
+        from scipy.special import ndtr
+
+        if self.kind == "add" or self.q == 1:
+            return float(ndtr(-(x - self.means[-1]) / self.z))
+        return float((1 - self.q) * ndtr(-x / self.z) + self.q * ndtr(-(x - self.shift) / self.z))
+
+    def tail_below(self, x: float) -> float:
+        """P(X < x)."""
+        from scipy.special import ndtr
+
+        if self.kind == "add" or self.q == 1:
+            return float(ndtr((x - self.means[-1]) / self.z))
+        return float((1 - self.q) * ndtr(x / self.z) + self.q * ndtr((x - self.shift) / self.z))
+
+    # -- the privacy loss and its inverse
+    def _log_mix(self, t: np.ndarray) -> np.ndarray:
+        """log(1 - q + q e^t), without overflow (e^t beyond e^700 is exact to float)."""
+        small = np.minimum(t, 700.0)
+        return np.where(t > 700.0, self.log_q + t, np.log1p(self.q * np.expm1(small)))
+
+    def loss(self, x: np.ndarray) -> np.ndarray:
+        z2 = self.z * self.z
+        if self.kind == "remove":
+            t = (2 * x - 1) / (2 * z2)
+            return t if self.q == 1 else self._log_mix(t)
+        if self.kind == "add":
+            t = (-2 * x - 1) / (2 * z2)
+            return -(t if self.q == 1 else self._log_mix(t))
+        c = self.shift
+        if self.q == 1:
+            return 2 * c * x / z2
+        return (self._log_mix((2 * c * x - c * c) / (2 * z2))
+                - self._log_mix((-2 * c * x - c * c) / (2 * z2)))
+
+    def x_of_loss(self, ell: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`loss` (-inf / +inf outside the loss's range)."""
+        ell = np.asarray(ell, dtype=np.float64)
+        z2 = self.z * self.z
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if self.kind == "remove":
+                if self.q == 1:
+                    return z2 * ell + 0.5
+                arg = np.expm1(ell) + self.q
+                out = z2 * (np.log(np.where(arg > 0, arg, 1.0)) - self.log_q) + 0.5
+                return np.where(arg > 0, out, -np.inf)
+            if self.kind == "add":
+                if self.q == 1:
+                    return z2 * ell - 0.5
+                arg = np.expm1(-ell) + self.q
+                out = -(z2 * (np.log(np.where(arg > 0, arg, 1.0)) - self.log_q) + 0.5)
+                return np.where(arg > 0, out, np.inf)
+            c = self.shift
+            if self.q == 1:
+                return z2 * ell / (2 * c)
+            a = 1 - self.q
+            b = self.q * math.exp(-c * c / (2 * z2))
+            big_a = a * np.expm1(ell)
+            e = np.exp(ell)
+            root = np.sqrt(big_a * big_a + 4 * b * b * e)
+            u = np.where(big_a >= 0, (big_a + root) / (2 * b), 2 * b * e / (root - big_a))
+            return z2 * np.log(u) / c
+
+    def x_range(self, budget: float) -> tuple[float, float]:
+        """x bounds with at most ``budget`` of P's mass below and above."""
+        from scipy.special import ndtri
+
+        w = -float(ndtri(max(budget, _TINY)))
+        return min(self.means) - self.z * w, max(self.means) + self.z * w
+
+
+# --------------------------------------------------------------- one step
+class _Pmf:
+    """A discrete loss distribution on the grid {k h}: masses[i] at (k0 + i) h, plus +inf."""
+
+    __slots__ = ("k0", "masses", "inf_mass", "_mgf")
+
+    def __init__(self, k0: int, masses: np.ndarray, inf_mass: float) -> None:
+        self.k0, self.masses, self.inf_mass = int(k0), masses, float(inf_mass)
+        self._mgf: tuple[tuple[float, int], np.ndarray] | None = None
+
+    def log_mgf(self, h: float, group: int = 1) -> np.ndarray:
+        """Upper bounds on log E[e^{lam L}] of the finite part at lam in (+_LAMBDAS,
+        -_LAMBDAS), cached. With ``group`` > 1, runs of that many grid points are lumped at
+        their highest loss for lam > 0 and at their lowest for lam < 0 (cheaper, still
+        upper bounds)."""
+        if self._mgf is None or self._mgf[0] != (h, group):
+            m = self.masses
+            starts = np.arange(0, m.size, group)
+            binned = np.add.reduceat(m, starts) if group > 1 else m
+            lo = (self.k0 + starts) * h
+            hi = (self.k0 + np.minimum(starts + group - 1, m.size - 1)) * h
+            with np.errstate(divide="ignore"):
+                lm = np.log(binned)
+                x = np.concatenate([lm[None, :] + _LAMBDAS[:, None] * hi[None, :],
+                                    lm[None, :] - _LAMBDAS[:, None] * lo[None, :]])
+            top = x.max(axis=1)
+            with np.errstate(invalid="ignore"):
+                val = top + np.log(np.exp(x - top[:, None]).sum(axis=1))
+            self._mgf = ((h, group), np.where(np.isneginf(top), -np.inf, val))
+        return self._mgf[1]
+
+
+def _split(ell_hi: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray,
+           pair: _Pair) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell: P-mass sent to the lower grid point and the cell's total P-mass.
+
+    Two-point Gauss-Legendre (exact for cubics) on pieces short enough that the Gaussian's
+    exponent changes by at most 1/256 across one (width <= z/256 and <= z^2 / (256 |x - mean|));
+    most cells are shorter than that already."""
+    width = x_b - x_a
+    z = pair.z
+    dist = np.min([np.maximum(np.abs(x_a - m), np.abs(x_b - m)) for m in pair.means], axis=0)
+    piece = np.minimum(_PIECE * z, _PIECE * z * z / np.maximum(dist, 1e-300))
+    pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
+    cell = np.repeat(np.arange(width.size), pieces)
+    first = np.cumsum(pieces) - pieces
+    j = np.arange(cell.size) - first[cell]
+    step = width[cell] / pieces[cell]
+    left = x_a[cell] + j * step
+    half = 0.5 * step
+    mid = left + half
+    xs = mid[:, None] + half[:, None] * _GL_NODES[None, :]
+    w = half[:, None] * _GL_WEIGHTS[None, :]
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+        ell, dens = pair.loss_and_density(xs)
+        dens *= w
+        a = np.expm1(ell_hi[cell][:, None] - ell) / math.expm1(h)
+    a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0), 0.0, 1.0)
+    lower = np.bincount(cell, weights=(dens * a).sum(axis=1), minlength=width.size)
+    total = np.bincount(cell, weights=dens.sum(axis=1), minlength=width.size)
+    return lower, total
+
+
+def _gaussian_pmf(pair: _Pair, h: float, budget: float) -> _Pmf:
+    """Connect-the-dots PMF of one use of ``pair`` on the grid {k h} (see module doc)."""
+    x_lo, x_hi = pair.x_range(budget)
+    ell_lo, ell_hi = (float(v) for v in pair.loss(np.array([x_lo, x_hi])))
+    if not (abs(ell_lo) < _MAX_LOSS and abs(ell_hi) < _MAX_LOSS):
+        raise UnsupportedEventError(
+            f"privkit's PLD: a single step's privacy loss reaches "
+            f"{max(abs(ell_lo), abs(ell_hi)):.3g}"
+            " nats (noise multiplier too small for a discretised PLD)")
+    k_lo = math.floor(ell_lo / h)
+    k_hi = max(math.ceil(ell_hi / h), k_lo + 1)
+    if k_hi - k_lo > MAX_CELLS:
+        raise _TooFine(int((k_hi - k_lo) * MAX_POINTS / MAX_CELLS))
+    ks = np.arange(k_lo, k_hi + 1)
+    xs = pair.x_of_loss(ks * h)
+    xs = np.clip(xs, x_lo, x_hi)
+    xs[0], xs[-1] = x_lo, x_hi
+    lower, total = _split(ks[1:] * h, h, xs[:-1], xs[1:], pair)
+    masses = np.zeros(ks.size)
+    masses[:-1] += lower
+    masses[1:] += total - lower
+    # Below x_lo: up to the lowest grid point (its losses are <= ell_lo); above x_hi: +inf.
+    masses[0] += pair.tail_below(x_lo)
+    inf_mass = pair.tail_above(x_hi)
+    masses *= 1 + _QUAD_RTOL
+    return _Pmf(k_lo, masses, min(1.0, inf_mass))
+
+
+def _rr_pmf(eps0: float, h: float) -> _Pmf:
+    """Connect-the-dots PMF of randomized response RR(eps0) (both directions alike)."""
+    p = 1.0 / (1.0 + math.exp(-eps0))
+    k_lo, k_hi = math.floor(-eps0 / h), math.ceil(eps0 / h)
+    if k_hi - k_lo > MAX_CELLS:
+        raise _TooFine(int((k_hi - k_lo) * MAX_POINTS / MAX_CELLS))
+    masses = np.zeros(k_hi - k_lo + 1)
+    for ell, mass in ((eps0, p), (-eps0, 1.0 - p)):
+        k = math.floor(ell / h)
+        if k * h == ell or k + 1 > k_hi:
+            masses[min(k, k_hi) - k_lo] += mass
+            continue
+        a = math.expm1((k + 1) * h - ell) / math.expm1(h)
+        a = min(1.0, max(0.0, a))
+        masses[k - k_lo] += mass * a
+        masses[k + 1 - k_lo] += mass * (1 - a)
+    return _Pmf(k_lo, masses, 0.0)
+
+
+def _directions(atoms: list[tuple[Any, int]], relation: str) -> list[str]:
+    if relation == "REPLACE_ONE":
+        return ["replace"]
+    if all(isinstance(a, PureAtom) or a.sampling_probability == 1 for a, _ in atoms):
+        return ["remove"]  # the add pair is the mirror image: the same PLD
+    return ["remove", "add"]
+
+
+def _pmfs(atoms: list[tuple[Any, int]], direction: str, h: float,
+          budget: float) -> list[tuple[_Pmf, int]]:
+    out = []
+    for atom, n in atoms:
+        if isinstance(atom, PureAtom):
+            out.append((_rr_pmf(atom.epsilon, h), n))
+        else:
+            pair = _Pair(direction, atom.noise_multiplier, atom.sampling_probability)
+            out.append((_gaussian_pmf(pair, h, budget / n), n))
+    return out
+
+
+def _moments(pmf: _Pmf, h: float) -> tuple[float, float]:
+    """Mean and variance of the finite part (normalised)."""
+    m = pmf.masses
+    tot = float(m.sum())
+    if tot <= 0:
+        return 0.0, 0.0
+    k = (pmf.k0 + np.arange(m.size)) * h
+    mean = float(np.dot(m, k) / tot)
+    var = float(np.dot(m, (k - mean) ** 2) / tot)
+    return mean, var

@@ -31,7 +31,15 @@ from fl_examples.core.data import FederatedDataset, Split, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import MLP, MultinomialLogReg
-from fl_examples.core.privacy import PRIVACY_KINDS, BudgetStop, PrivacyPlan, calibrate
+from fl_examples.core.privacy import (
+    PRIVACY_KINDS,
+    BudgetStop,
+    PrivacyPlan,
+    calibrate,
+    clip_features,
+    logreg_lipschitz,
+    logreg_smoothness,
+)
 from fl_examples.core.report import Column, text_table, write_report
 from fl_examples.core.rounds import (
     aggregate,
@@ -91,8 +99,13 @@ class UpcycledConfig:
             N(0, ``stddev``^2) on odd iterations) or ``objective`` (a linear term with density
             ~ exp(-``alpha`` ||n||) in the local objective on odd iterations).
         sensitivity: output perturbation's sensitivity: ``replace-one`` (2 tau, default),
-            ``paper`` (tau/|D_i|, Thm C.1's assumption) or ``strongly-convex`` (needs
-            ``lipschitz``, momentum 0 and logreg).
+            ``paper`` (tau/|D_i|, Thm C.1's assumption, reported NOT PROVEN) or
+            ``strongly-convex`` (needs ``feature_norm``, momentum 0, logreg and
+            lr <= 2/(beta + 2 mu)).
+        feature_norm: R, the public L2 bound every feature row is clipped to
+            (``strongly-convex``): it gives u1 = sqrt(2 (R^2 + 1)) and beta = (R^2 + 1)/2.
+        lipschitz: u1 for ``strongly-convex`` (default: the one ``feature_norm`` implies; a
+            smaller value is refused, a larger one is used as given).
         delta: the delta every epsilon is reported at (the paper's 1e-3).
         epsilon_budget: per-client budget; the run stops before a client would exceed it.
         allow_unproven: run objective perturbation although Thm C.2 does not hold here (SGD is
@@ -127,6 +140,7 @@ class UpcycledConfig:
     stddev: float = 1.0
     alpha: float = 20.0
     lipschitz: float | None = None
+    feature_norm: float | None = None
     delta: float = 1e-3
     epsilon_budget: float | None = None
     allow_unproven: bool = False
@@ -168,9 +182,42 @@ class UpcycledConfig:
             raise InvalidParameterError("mu", self.mu, "> 0 for objective perturbation")
         if self.lipschitz is not None:
             _validate.positive("lipschitz", self.lipschitz)
+        if self.feature_norm is not None:
+            _validate.positive("feature_norm", self.feature_norm)
+        if self.privacy == "output" and self.sensitivity == "strongly-convex":
+            self._check_strongly_convex()
         if self.baseline_iterations not in ("auto", "half", "same"):
             raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
                                         "auto, half or same")
+
+
+    def _check_strongly_convex(self) -> None:
+        """The strongly convex bound's conditions, enforced (not taken on trust)."""
+        r = self.feature_norm
+        if r is None:
+            raise InvalidParameterError(
+                "feature_norm", None, "given with --sensitivity strongly-convex: every feature "
+                "row is clipped to this public L2 norm R, which bounds the per-example gradient "
+                "(--lipschitz) by sqrt(2 (R^2 + 1))")
+        u1 = logreg_lipschitz(r)
+        if self.lipschitz is not None and self.lipschitz < u1:
+            raise InvalidParameterError(
+                "lipschitz", self.lipschitz, f">= {u1:.6g} = sqrt(2 (R^2 + 1)), the per-example "
+                f"gradient bound of logistic regression on features clipped to --feature-norm "
+                f"{r:g}")
+        bound = 2.0 / (logreg_smoothness(r) + 2.0 * self.mu) if self.mu > 0 else 0.0
+        if self.mu > 0 and not self.lr <= bound:
+            raise InvalidParameterError(
+                "lr", self.lr, f"<= 2/(beta + 2 mu) = {bound:.6g} for --sensitivity "
+                f"strongly-convex (contracting steps; beta = (R^2 + 1)/2 = "
+                f"{logreg_smoothness(r):.6g})")
+
+    @property
+    def lipschitz_bound(self) -> float | None:
+        """u1 the strongly convex bound uses (given, or implied by ``feature_norm``)."""
+        if self.lipschitz is not None:
+            return self.lipschitz
+        return None if self.feature_norm is None else logreg_lipschitz(self.feature_norm)
 
 
 def extrapolation(cfg: UpcycledConfig, m: int) -> float:
@@ -456,7 +503,7 @@ def _plan_for(cfg: UpcycledConfig, ds: FederatedDataset, algorithm: str,
     return PrivacyPlan(
         kind=cfg.privacy, sizes=tuple(int(n) for n in ds.train_sizes),
         l2_clip_norm=cfg.l2_clip_norm, stddev=stddev, sensitivity=cfg.sensitivity, alpha=alpha,
-        proximal_mu=0.0 if algorithm == "fedavg" else cfg.mu, lipschitz_model=cfg.lipschitz,
+        proximal_mu=0.0 if algorithm == "fedavg" else cfg.mu, lipschitz_model=cfg.lipschitz_bound,
         batch_size=cfg.batch_size, momentum=cfg.momentum, allow_unproven=cfg.allow_unproven,
         glm=cfg.model == "logreg")
 
@@ -500,6 +547,8 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
         if name not in ALGORITHMS:
             raise InvalidParameterError("compare", name, f"one of {', '.join(ALGORITHMS)}")
     ds = parse_dataset_spec(cfg.dataset, seed=cfg.seed)
+    if cfg.feature_norm is not None:
+        ds = clip_features(ds, cfg.feature_norm)
     out_path = Path(out) if out is not None else None
     results: dict[str, Any] = {}
     for name in dict.fromkeys((algorithm, *compare)):

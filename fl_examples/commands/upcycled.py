@@ -49,7 +49,11 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--sigma", type=float, default=1.0, help="output noise stddev (absolute)")
     p.add_argument("--alpha", type=float, default=20.0, help="objective perturbation rate")
     p.add_argument("--lipschitz", type=float, default=None,
-                   help="u1 for --sensitivity strongly-convex")
+                   help="u1 for --sensitivity strongly-convex (default: sqrt(2 (R^2 + 1)) from "
+                        "--feature-norm R; a smaller value is refused)")
+    p.add_argument("--feature-norm", type=float, default=None,
+                   help="R: clip every feature row to this public L2 norm (needed by "
+                        "--sensitivity strongly-convex, whose u1 and beta it bounds)")
     p.add_argument("--delta", type=float, default=1e-3)
     p.add_argument("--epsilon-budget", type=float, default=None,
                    help="stop before any client's epsilon would exceed this")
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         eval_every=nonnegative_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
         privacy=args.privacy, sensitivity=args.sensitivity, l2_clip_norm=args.clip,
-        stddev=args.sigma, alpha=args.alpha, lipschitz=args.lipschitz, delta=args.delta,
+        stddev=args.sigma, alpha=args.alpha, lipschitz=args.lipschitz,
+        feature_norm=args.feature_norm, delta=args.delta,
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
         baseline_iterations=args.baseline_iterations,

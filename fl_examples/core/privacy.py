@@ -23,7 +23,8 @@ from privkit import _validate
 from privkit.errors import BudgetExceededError, InvalidParameterError
 from privkit.ledger import Ledger
 
-__all__ = ["PRIVACY_KINDS", "SENSITIVITIES", "PrivacyPlan", "calibrate", "BudgetStop"]
+__all__ = ["PRIVACY_KINDS", "SENSITIVITIES", "PrivacyPlan", "calibrate", "BudgetStop",
+           "logreg_lipschitz", "logreg_smoothness", "clip_features", "smallest_batch"]
 
 PRIVACY_KINDS = ("none", "output", "objective")
 SENSITIVITIES = {
@@ -31,6 +32,53 @@ SENSITIVITIES = {
     "paper": privkit.Sensitivity.PAPER,
     "strongly-convex": privkit.Sensitivity.STRONGLY_CONVEX,
 }
+
+
+def logreg_lipschitz(feature_norm: float) -> float:
+    """u1 for multinomial logistic regression on features of L2 norm <= R (a bias column):
+    the per-example gradient (p - e_y) (x, 1)^T has Frobenius norm <= sqrt(2) sqrt(R^2 + 1)."""
+    return math.sqrt(2.0 * (feature_norm * feature_norm + 1.0))
+
+
+def logreg_smoothness(feature_norm: float) -> float:
+    """beta, the per-example loss's smoothness on such features: the softmax cross-entropy
+    Hessian in the logits is <= 1/2, so beta <= (R^2 + 1) / 2."""
+    return 0.5 * (feature_norm * feature_norm + 1.0)
+
+
+def smallest_batch(size: int, batch_size: int) -> int:
+    """The smallest minibatch the local solver forms for a client of ``size`` records: each
+    epoch's last minibatch holds ``size mod b`` rows when b does not divide it, and the
+    gradient is the mean over the rows present, so a record there weighs 1/(size mod b)."""
+    b = min(batch_size, size)
+    r = size % b
+    return r if r else b
+
+
+def clip_features(ds: Any, feature_norm: float) -> Any:
+    """``ds`` with every feature row (train and test) clipped to L2 norm <= ``feature_norm``:
+    the public bound that makes the strongly-convex sensitivity's u1 hold for any record."""
+    import dataclasses
+
+    r = _validate.positive("feature_norm", feature_norm)
+
+    def clip(x: np.ndarray) -> np.ndarray:
+        x64 = x.astype(np.float64)
+        norms = np.linalg.norm(x64, axis=1, keepdims=True)
+        out = (x64 * np.minimum(1.0, r / np.maximum(norms, 1e-300))).astype(x.dtype)
+        # rounding to the stored dtype must not leave a row above the bound: shrink it by a
+        # few units in the last place of that dtype until its norm (in float64) is <= R
+        shrink = 1.0 - 4.0 * float(np.finfo(x.dtype).eps)
+        for _ in range(64):
+            over = np.linalg.norm(out.astype(np.float64), axis=1) > r
+            if not over.any():
+                return out
+            out[over] = (out[over].astype(np.float64) * shrink).astype(x.dtype)
+        raise AssertionError("feature clipping did not converge")
+
+    desc = dict(ds.description) | {"feature_norm_clip": r}
+    return dataclasses.replace(ds, x_train=tuple(clip(x) for x in ds.x_train),
+                               x_test=tuple(clip(x) for x in ds.x_test), description=desc)
 
 
 class BudgetStop(Exception):
@@ -47,8 +95,10 @@ class PrivacyPlan:
         l2_clip_norm, stddev, sensitivity: output perturbation (stddev is the paper's sigma).
         alpha: objective perturbation rate; lipschitz/smoothness/rank its Thm C.2 constants.
         proximal_mu: the local objective's mu (objective perturbation needs mu > 0).
-        lipschitz_model: u1 of the per-example loss for ``strongly-convex`` sensitivity.
-        batch_size: the local minibatch size (``strongly-convex`` with minibatch SGD).
+        lipschitz_model: u1 of the per-example loss for ``strongly-convex`` sensitivity (the
+            trainer derives it from the public feature clip, :func:`logreg_lipschitz`).
+        batch_size: the local minibatch size (``strongly-convex`` with minibatch SGD: the
+            bound uses each client's smallest minibatch, :func:`smallest_batch`).
         allow_unproven: run objective perturbation outside Thm C.2, its epsilon marked.
         glm: the model is a generalised linear model (logistic regression).
     """
@@ -115,7 +165,7 @@ class PrivacyPlan:
             elif mode is privkit.Sensitivity.STRONGLY_CONVEX:
                 kw.update(dataset_size=n, lipschitz=self.lipschitz_model,
                           strong_convexity=self.proximal_mu, solver=privkit.Solver.MINIBATCH_SGD,
-                          batch_size=min(self.batch_size, n))
+                          batch_size=smallest_batch(n, self.batch_size))
             return privkit.GaussianOutputPerturbation.from_stddev(self.l2_clip_norm, self.stddev,
                                                                   **kw)
         return privkit.ObjectivePerturbation(
@@ -123,18 +173,37 @@ class PrivacyPlan:
             lipschitz=self.lipschitz, smoothness=self.smoothness, rank=self.rank,
             glm=self.glm, exact_solver=False, allow_unproven=self.allow_unproven)
 
+    @property
+    def proven(self) -> bool:
+        """Whether every assumption behind the reported epsilon is enforced by the code."""
+        return self.kind == "output" and self.sensitivity != "paper"
+
+    @property
+    def not_proven_because(self) -> str | None:
+        if self.kind == "objective":
+            return "inexact (SGD) local solver" + ("" if self.glm else " and a non-GLM model")
+        if self.sensitivity == "paper":
+            return ("Sensitivity.PAPER: tau/|D_i| assumes the clipped model is an average of "
+                    "per-example terms of norm <= tau, which a model trained by SGD is not")
+        return None
+
     def describe(self) -> dict[str, Any]:
         if self.kind == "output":
-            return {"mechanism": "gaussian_output_perturbation", "l2_clip_norm": self.l2_clip_norm,
-                    "stddev": self.stddev, "sensitivity": self.sensitivity,
-                    "sensitivity_formula": {"replace-one": "2*tau", "paper": "tau/|D_i|",
-                                            "strongly-convex": "min(2 tau, 2 u1/(b mu))"}[
-                                                self.sensitivity]}
+            out = {"mechanism": "gaussian_output_perturbation",
+                   "l2_clip_norm": self.l2_clip_norm, "stddev": self.stddev,
+                   "sensitivity": self.sensitivity,
+                   "sensitivity_formula": {"replace-one": "2*tau", "paper": "tau/|D_i|",
+                                           "strongly-convex": "min(2 tau, 2 u1/(b_min mu))"}[
+                                               self.sensitivity]}
+            if self.sensitivity == "strongly-convex":
+                out |= {"lipschitz": self.lipschitz_model, "smallest_batch_per_client": [
+                    smallest_batch(int(n), self.batch_size) for n in self.sizes]}
+            if self.not_proven_because:
+                out["not_proven_because"] = self.not_proven_because
+            return out
         return {"mechanism": "objective_perturbation", "alpha": self.alpha,
                 "lipschitz": self.lipschitz, "smoothness": self.smoothness, "rank": self.rank,
-                "proximal_mu": self.proximal_mu,
-                "not_proven_because": "inexact (SGD) local solver"
-                + ("" if self.glm else " and a non-GLM model")}
+                "proximal_mu": self.proximal_mu, "not_proven_because": self.not_proven_because}
 
     # -- charging ----------------------------------------------------------------------------
     def charge(self, ledger: Ledger, clients: Sequence[int], *, round_: int, run_id: str) -> int:
@@ -172,7 +241,7 @@ class PrivacyPlan:
             if comp.atoms else rep.method.value
         out = {"delta": rep.delta, "epsilon_mean": float(arr.mean()),
                "epsilon_max": float(arr.max()), "method": method,
-               "proven": self.kind == "output", "per_client": arr.tolist(),
+               "proven": self.proven, "per_client": arr.tolist(),
                "charged_rounds": _charged_counts(ledger, num_clients)} | self.describe()
         if self.kind == "output" and self.sensitivity == "paper":
             # The paper's own number (Thm C.1 closed form) beside the exact one.

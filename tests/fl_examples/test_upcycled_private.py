@@ -129,3 +129,52 @@ def test_contradicting_privacy_options(kwargs, name, digits):
     with pytest.raises(InvalidParameterError, match=name):
         cfg = UpcycledConfig(**(PRIV | {"iterations": 2} | kwargs))
         run_algorithm("upcycled", cfg, digits, iterations=2)
+
+
+# ---------------------------------------------- sensitivity claims the code enforces
+def test_paper_sensitivity_is_reported_not_proven(tmp_path):
+    cfg = UpcycledConfig(privacy="output", sensitivity="paper", stddev=0.5, iterations=3,
+                         **PRIV)
+    res = train(cfg, out=tmp_path)
+    p = res["algorithms"]["upcycled"]["privacy"]
+    assert p["proven"] is False and "Sensitivity.PAPER" in p["not_proven_because"]
+    from fl_examples.upcycled import final_table
+
+    assert "NOT PROVEN" in final_table(res)
+    assert privkit.Sensitivity.PAPER.value == "paper"
+
+
+SC = PRIV | dict(privacy="output", sensitivity="strongly-convex", momentum=0.0, mu=1.0)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(), "feature_norm"),                                     # u1 needs a public bound
+    (dict(feature_norm=1.0, lipschitz=0.001), "lipschitz"),       # below sqrt(2 (R^2 + 1))
+    (dict(feature_norm=1.0, lr=5.0), "lr"),                       # steps must contract
+])
+def test_strongly_convex_conditions_are_enforced(kwargs, name):
+    with pytest.raises(InvalidParameterError, match=name):
+        UpcycledConfig(**(SC | {"iterations": 2} | kwargs))
+
+
+def test_strongly_convex_run_clips_features_and_uses_the_smallest_minibatch(tmp_path):
+    from fl_examples.core.privacy import clip_features, logreg_lipschitz, smallest_batch
+
+    assert smallest_batch(101, 32) == 5 and smallest_batch(96, 32) == 32
+    assert smallest_batch(10, 32) == 10
+    ds = clip_features(parse_dataset_spec("digits:3", seed=2), 1.5)
+    assert max(float(np.linalg.norm(x.astype(np.float64), axis=1).max())
+               for x in ds.x_train + ds.x_test) <= 1.5
+    cfg = UpcycledConfig(**(SC | {"iterations": 3, "feature_norm": 1.5, "stddev": 0.2}))
+    res = train(cfg, out=tmp_path)
+    p = res["algorithms"]["upcycled"]["privacy"]
+    assert p["proven"] is True and p["lipschitz"] == pytest.approx(logreg_lipschitz(1.5))
+    sizes = [int(n) for n in ds.train_sizes]
+    assert p["smallest_batch_per_client"] == [smallest_batch(n, 32) for n in sizes]
+    # the event each client is charged uses its smallest minibatch: z = sigma / Delta
+    plan = PrivacyPlan(kind="output", sizes=tuple(sizes), l2_clip_norm=cfg.l2_clip_norm,
+                       stddev=0.2, sensitivity="strongly-convex", proximal_mu=1.0,
+                       lipschitz_model=logreg_lipschitz(1.5), batch_size=32, momentum=0.0)
+    for i, n in enumerate(sizes):
+        delta = min(2 * cfg.l2_clip_norm, 2 * logreg_lipschitz(1.5) / (smallest_batch(n, 32)))
+        assert plan.mechanism(i).event().noise_multiplier == pytest.approx(0.2 / delta)

@@ -56,11 +56,12 @@ def _clean(obj: Any) -> Any:
 
 def write_report(out_dir: str | Path, config: Mapping[str, Any],
                  algorithms: Mapping[str, Mapping[str, Any]], *, plots: bool = True,
-                 sections: Mapping[str, Any] | None = None) -> Path:
+                 sections: Mapping[str, Any] | None = None, note: str | None = None) -> Path:
     """Write ``report.json`` (atomically) and the plots; returns the report path.
 
     ``algorithms`` maps each algorithm to its entry (keys starting with ``_`` are left out);
-    ``sections`` are further top-level sections, after ``algorithms``.
+    ``sections`` are further top-level sections, after ``algorithms``; ``note`` (e.g. what a
+    privacy number covers) is written under every plot.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,12 +77,13 @@ def write_report(out_dir: str | Path, config: Mapping[str, Any],
     path = out / "report.json"
     atomic_write_bytes(path, json.dumps(body, indent=1, allow_nan=False).encode("utf-8"))
     if plots:
-        plot_histories(out, {n: r.get("history", []) for n, r in algorithms.items()})
+        plot_histories(out, {n: r.get("history", []) for n, r in algorithms.items()}, note=note)
     return path
 
 
 def plot_histories(
-    out_dir: str | Path, histories: Mapping[str, list[Mapping[str, Any]]]
+    out_dir: str | Path, histories: Mapping[str, list[Mapping[str, Any]]], *,
+    note: str | None = None,
 ) -> list[Path]:
     """Loss and accuracy against each x axis the histories have, one line per algorithm.
 
@@ -115,6 +117,9 @@ def plot_histories(
             ax.grid(alpha=0.3)
         axes[0].legend()
         fig.tight_layout()
+        if note:
+            fig.subplots_adjust(bottom=0.24)
+            fig.text(0.01, 0.01, note, fontsize=8, ha="left", va="bottom", wrap=True)
         path = Path(out_dir) / fname
         fig.savefig(path, dpi=110)
         plt.close(fig)

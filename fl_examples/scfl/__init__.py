@@ -49,6 +49,11 @@ from fl_examples.scfl.timing import TimingModel, arrival_probability
 from privkit.accountants.midp import COVERS
 from privkit.errors import InvalidParameterError
 
+#: What the run's privacy numbers cover, in the report and under every plot.
+PRIVACY_SCOPE = ("Privacy: MI-DP in nats (average-case) of the one-time coded upload only; the "
+                 "per-epoch client gradients carry no noise (unprotected). MI-DP implies only "
+                 "(0, sqrt(2 nats))-DP: it is not an epsilon.")
+
 __all__ = ["ScflMethod", "BatchSampling", "ScflConfig", "TimingModel", "RegressionData",
            "load_data", "synthetic_linreg", "client_gradient", "server_gradient",
            "makeup_term", "aggregate", "arrival_probability", "train", "final_table",
@@ -89,7 +94,8 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
         entry["time_to_fl_pma_final_loss_s"] = (time_to_loss(entry["history"], target)
                                                 if target is not None else None)
     if out_path is not None:
-        write_report(out_path, config, results)
+        write_report(out_path, config, results, sections={"privacy_scope": PRIVACY_SCOPE},
+                     note=PRIVACY_SCOPE)
     return {"config": config, "algorithms": results}
 
 

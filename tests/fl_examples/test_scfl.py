@@ -172,6 +172,8 @@ def test_comparison_report_and_privacy(tmp_path: Path):
     priv = scfl["privacy"]
     assert priv["measure"] == "mi_dp_nats" and len(priv["per_client"]) == 8
     assert "epsilon_mean" not in priv and priv["label_mode"] == "noisy"
+    # what the number covers is in the report itself, not only on the command line
+    assert "coded upload only" in body["privacy_scope"] and "unprotected" in priv["covers"]
     assert (tmp_path / "midp-scfl.json").exists() and (tmp_path / "curves_vs_simulated_time.png")
     # CodedFedL weights rows by sqrt(1 - p_i) < 1: a smaller MI-DP per client
     assert algs["codedfedl"]["privacy"]["mi_dp_nats_max"] < priv["mi_dp_nats_max"]

@@ -42,6 +42,7 @@ soak: $(FULL)
 
 bench: $(FULL)
 	$(PY) bench/accounting.py
+	$(PY) bench/imports.py
 	$(PY) bench/mechanisms.py
 	$(PY) bench/secure.py
 	$(PY) bench/trainers.py

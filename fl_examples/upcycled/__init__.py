@@ -1,0 +1,100 @@
+"""Upcycled-FL with its FedProx and FedAvg baselines (non-private).
+
+Upcycled-FL (*Federated Learning with Reduced Information Leakage and Computation*,
+Algorithm 2) alternates a data-touching odd iteration (a FedProx round: sampled clients
+solve F_i(w) + mu/2 ||w - w_bar||^2 from w_bar, the server averages with p_i re-normalised
+over the sampled clients) with a server-only even iteration
+
+    w^{2m} = w^{2m-1} + c_m (w^{2m-1} - w^{2m-2}),   c_m = mu / (mu + lambda_m),
+
+so half of the iterations touch no data and cost almost nothing. FedProx runs the odd
+round every iteration; FedAvg does the same with mu = 0 and drops stragglers (FedProx keeps
+their partial work). The k-th data round of every algorithm uses the same client subset,
+stragglers and batch order (one seed tree).
+
+Run it as ``privkit train upcycled --dataset synthetic:0.5,0.5 --mu 1 --lam 0.42
+--iterations 160 --fraction 0.3 --stragglers 0.9 --compare fedprox,fedavg --out DIR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from fl_examples.core.data import parse_dataset_spec
+from fl_examples.core.privacy import clip_features
+from fl_examples.core.report import Column, text_table, write_report
+from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, extrapolation
+from fl_examples.upcycled.privacy import planned_releases
+from fl_examples.upcycled.run import _Run as _Run
+from fl_examples.upcycled.run import run_algorithm
+from privkit.errors import InvalidParameterError
+
+__all__ = ["ALGORITHMS", "UpcycledConfig", "run_algorithm", "train", "extrapolation",
+           "final_table", "planned_releases"]
+
+
+def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path | None = None,
+          resume: bool = False, algorithm: str = "upcycled") -> dict[str, Any]:
+    """Run ``algorithm`` (default Upcycled-FL) and the ``compare`` baselines; write the report.
+
+    Baselines in a comparison with Upcycled-FL run ``iterations // 2`` rounds (the paper's
+    80/80/160, the same number of data rounds) or ``iterations`` (private runs, the paper's
+    privacy experiments): see ``UpcycledConfig.baseline_iterations``.
+    """
+    for name in (algorithm, *compare):
+        if name not in ALGORITHMS:
+            raise InvalidParameterError("compare", name, f"one of {', '.join(ALGORITHMS)}")
+    ds = parse_dataset_spec(cfg.dataset, seed=cfg.seed)
+    if cfg.feature_norm is not None:
+        ds = clip_features(ds, cfg.feature_norm)
+    out_path = Path(out) if out is not None else None
+    results: dict[str, Any] = {}
+    for name in dict.fromkeys((algorithm, *compare)):
+        half = cfg.baseline_iterations == "half" or (
+            cfg.baseline_iterations == "auto" and cfg.privacy == "none")
+        iters = cfg.iterations if (name == "upcycled" or algorithm != "upcycled" or not half) \
+            else max(cfg.iterations // 2, 1)
+        res = run_algorithm(name, cfg, ds, iterations=iters, out=out_path, resume=resume)
+        done = res["history"][-1]["iteration"] if res["history"] else 0
+        results[name] = {"history": res["history"], "iterations": iters,
+                         "data_rounds": (done + 1) // 2 if name == "upcycled" else done}
+        if "privacy" in res:
+            results[name]["privacy"] = res["privacy"]
+        results[name]["_model"] = res["model"]
+    config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
+                                        "dataset_description": ds.description,
+                                        "num_clients": ds.num_clients}
+    if out_path is not None:
+        write_report(out_path, config, results)
+    return {"config": config, "algorithms": results}
+
+
+_COLUMNS = (Column("algorithm", 10), Column("iters", 6), Column("data rounds", 11),
+            Column("train loss", 10, ".4f"), Column("train acc", 9, ".4f"),
+            Column("test acc", 8, ".4f"), Column("wall s", 8, ".2f"),
+            Column("client s", 8, ".2f"))
+
+
+def final_table(result: dict[str, Any]) -> str:
+    """A short text table of each algorithm's last evaluation (and epsilon, if private)."""
+    algs = result["algorithms"]
+    lines = text_table(_COLUMNS, [
+        (name, r["history"][-1]["iteration"], r["data_rounds"],
+         *(r["history"][-1][k] for k in ("train_loss", "train_accuracy", "test_accuracy",
+                                         "wall_time_s", "client_compute_s")))
+        for name, r in algs.items()])
+    notes = []
+    for name, r in algs.items():
+        if "privacy" in r:
+            p = r["privacy"]
+            mark = "" if p["proven"] else "  [NOT PROVEN]"
+            detail = (f"sensitivity {p['sensitivity']} ({p['sensitivity_formula']})"
+                      if p["mechanism"] == "gaussian_output_perturbation"
+                      else f"alpha {p['alpha']:.4g}")
+            notes.append(f"{name}: eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} "
+                         f"at delta={p['delta']:g} [{p['method']}], {detail}{mark}"
+                         + (f"\n  {p['stopped']}" if "stopped" in p else ""))
+    return "\n".join(lines + (["", "privacy (per client, upper bounds):"] + notes
+                              if notes else []))

@@ -1,0 +1,201 @@
+"""Upcycled-FL's configuration, the even step's extrapolation and the model choice."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fl_examples.core.data import FederatedDataset
+from fl_examples.core.deep_models import CNN
+from fl_examples.core.models import MLP, MultinomialLogReg
+from fl_examples.core.privacy import (
+    PRIVACY_KINDS,
+    logreg_lipschitz,
+    logreg_smoothness,
+)
+from fl_examples.core.run import (
+    check_shared_settings,
+)
+from privkit import _validate
+from privkit.errors import InvalidParameterError
+
+ALGORITHMS = ("upcycled", "fedprox", "fedavg")
+
+
+@dataclass(frozen=True)
+class UpcycledConfig:
+    """Everything a run needs; saved in the report so the run can be repeated.
+
+    Attributes:
+        dataset: a dataset spec (see :func:`fl_examples.core.data.parse_dataset_spec`).
+        model: ``logreg`` (multinomial logistic regression), ``mlp`` (784-196-10 shape),
+            ``cnn`` (the paper's FEMNIST CNN: 3x3 conv, 3 channels, linear 1000 and 100) or
+            ``lstm`` (Sent140: embedding 300, 2 x LSTM 128; needs token ids, ``sent140tok:DIR``).
+        mu: FedProx proximal coefficient (>= 0).
+        lam: lambda of the even step (> 0 unless mu = 0); c = mu / (mu + lambda_m).
+        lam_schedule: ``constant`` (lambda_m = lam, the paper's experiments) or ``sqrt``
+            (lambda_m = lam sqrt(m), c_m = O(1/sqrt(m)) as in Corollary 4.8).
+        iterations: Upcycled-FL iterations (odd + even); baselines run half as many rounds
+            in a comparison, as in the paper (80/80/160).
+        fraction: share of clients sampled per data round, in (0, 1].
+        stragglers: share of the sampled clients that run fewer epochs, in [0, 1).
+        local_epochs, batch_size, lr, momentum: the local solver (paper: E = 20, lr = 0.05,
+            momentum 0.5).
+        seed: root of the seed tree shared by all algorithms.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        eval_every: evaluate every this many iterations (and at the last one).
+        checkpoint_every: checkpoint every this many iterations (0 = never).
+        privacy: ``none``, ``output`` (clip the uploaded model to ``l2_clip_norm`` and add
+            N(0, ``stddev``^2) on odd iterations) or ``objective`` (a linear term with density
+            ~ exp(-``alpha`` ||n||) in the local objective on odd iterations).
+        sensitivity: output perturbation's sensitivity: ``replace-one`` (2 tau, default),
+            ``paper`` (tau/|D_i|, Thm C.1's assumption, reported NOT PROVEN) or
+            ``strongly-convex`` (needs ``feature_norm``, momentum 0, logreg and
+            lr <= 2/(beta + 2 mu)).
+        feature_norm: R, the public L2 bound every feature row is clipped to
+            (``strongly-convex``): it gives u1 = sqrt(2 (R^2 + 1)) and beta = (R^2 + 1)/2.
+        lipschitz: u1 for ``strongly-convex`` (default: the one ``feature_norm`` implies; a
+            smaller value is refused, a larger one is used as given).
+        delta: the delta every epsilon is reported at (the paper's 1e-3).
+        epsilon_budget: per-client budget; the run stops before a client would exceed it.
+        allow_unproven: run objective perturbation although Thm C.2 does not hold here (SGD is
+            not an exact minimiser); its epsilon is then marked NOT PROVEN.
+        noise_for_epsilon: calibrate ``stddev`` (output) or ``alpha`` (objective) so that the
+            run ends at this mean (``noise_target="mean"``) or max epsilon.
+        baseline_iterations: iterations of the baselines in a comparison: ``half`` (the same
+            number of data rounds, as in the paper's Table 1), ``same`` (the same number of
+            iterations, as in its privacy experiments: FedProx then leaks twice as often), or
+            ``auto`` (half without privacy, same with).
+    """
+
+    dataset: str = "synthetic:0.5,0.5"
+    model: str = "logreg"
+    mu: float = 1.0
+    lam: float = 0.42
+    lam_schedule: str = "constant"
+    iterations: int = 160
+    fraction: float = 0.3
+    stragglers: float = 0.9
+    local_epochs: int = 20
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.5
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int = 1
+    checkpoint_every: int = 0
+    privacy: str = "none"
+    sensitivity: str = "replace-one"
+    l2_clip_norm: float = 10.0
+    stddev: float = 1.0
+    alpha: float = 20.0
+    lipschitz: float | None = None
+    feature_norm: float | None = None
+    delta: float = 1e-3
+    epsilon_budget: float | None = None
+    allow_unproven: bool = False
+    noise_for_epsilon: float | None = None
+    noise_target: str = "mean"
+    baseline_iterations: str = "auto"
+
+    def __post_init__(self) -> None:
+        _validate.nonnegative("mu", self.mu)
+        _validate.nonnegative("lam", self.lam)
+        if self.mu > 0 and not self.lam > 0:
+            raise InvalidParameterError("lam", self.lam, "> 0 when mu > 0")
+        if self.lam_schedule not in ("constant", "sqrt"):
+            raise InvalidParameterError("lam_schedule", self.lam_schedule, "constant or sqrt")
+        if self.model not in ("logreg", "mlp", "cnn", "lstm"):
+            raise InvalidParameterError("model", self.model, "logreg, mlp, cnn or lstm")
+        _validate.positive_int("iterations", self.iterations)
+        _validate.probability("fraction", self.fraction)
+        s = _validate.real("stragglers", self.stragglers)
+        if not 0 <= s < 1:
+            raise InvalidParameterError("stragglers", self.stragglers, "in [0, 1)")
+        m = _validate.real("momentum", self.momentum)
+        if not 0 <= m < 1:
+            raise InvalidParameterError("momentum", self.momentum, "in [0, 1)")
+        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
+        if self.privacy not in PRIVACY_KINDS:
+            raise InvalidParameterError("privacy", self.privacy, "none, output or objective")
+        _validate.positive("l2_clip_norm", self.l2_clip_norm)
+        _validate.positive("stddev", self.stddev)
+        _validate.positive("alpha", self.alpha)
+        if self.noise_for_epsilon is not None:
+            _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
+            if self.privacy == "none":
+                raise InvalidParameterError("noise_for_epsilon", self.noise_for_epsilon,
+                                            "used with --privacy output or objective")
+        if self.noise_target not in ("mean", "max"):
+            raise InvalidParameterError("noise_target", self.noise_target, "mean or max")
+        if self.privacy == "objective" and not self.mu > 0:
+            raise InvalidParameterError("mu", self.mu, "> 0 for objective perturbation")
+        if self.lipschitz is not None:
+            _validate.positive("lipschitz", self.lipschitz)
+        if self.feature_norm is not None:
+            _validate.positive("feature_norm", self.feature_norm)
+        if self.privacy == "output" and self.sensitivity == "strongly-convex":
+            self._check_strongly_convex()
+        if self.baseline_iterations not in ("auto", "half", "same"):
+            raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
+                                        "auto, half or same")
+
+
+    def _check_strongly_convex(self) -> None:
+        """The strongly convex bound's conditions, enforced (not taken on trust)."""
+        r = self.feature_norm
+        if r is None:
+            raise InvalidParameterError(
+                "feature_norm", None, "given with --sensitivity strongly-convex: every feature "
+                "row is clipped to this public L2 norm R, which bounds the per-example gradient "
+                "(--lipschitz) by sqrt(2 (R^2 + 1))")
+        u1 = logreg_lipschitz(r)
+        if self.lipschitz is not None and self.lipschitz < u1:
+            raise InvalidParameterError(
+                "lipschitz", self.lipschitz, f">= {u1:.6g} = sqrt(2 (R^2 + 1)), the per-example "
+                f"gradient bound of logistic regression on features clipped to --feature-norm "
+                f"{r:g}")
+        bound = 2.0 / (logreg_smoothness(r) + 2.0 * self.mu) if self.mu > 0 else 0.0
+        if self.mu > 0 and not self.lr <= bound:
+            raise InvalidParameterError(
+                "lr", self.lr, f"<= 2/(beta + 2 mu) = {bound:.6g} for --sensitivity "
+                f"strongly-convex (contracting steps; beta = (R^2 + 1)/2 = "
+                f"{logreg_smoothness(r):.6g})")
+
+    @property
+    def lipschitz_bound(self) -> float | None:
+        """u1 the strongly convex bound uses (given, or implied by ``feature_norm``)."""
+        if self.lipschitz is not None:
+            return self.lipschitz
+        return None if self.feature_norm is None else logreg_lipschitz(self.feature_norm)
+
+
+def extrapolation(cfg: UpcycledConfig, m: int) -> float:
+    """c_m = mu / (mu + lambda_m) for the m-th even step (m >= 1)."""
+    if cfg.mu == 0:
+        return 0.0
+    lam = cfg.lam * (math.sqrt(m) if cfg.lam_schedule == "sqrt" else 1.0)
+    return cfg.mu / (cfg.mu + lam)
+
+
+def _model(cfg: UpcycledConfig, ds: FederatedDataset) -> Any:
+    if cfg.model == "mlp":
+        return MLP(ds.num_features, 196, ds.num_classes)
+    if cfg.model == "cnn":
+        side = math.isqrt(ds.num_features)
+        if side * side != ds.num_features:
+            raise InvalidParameterError("model", "cnn", "used with square images (e.g. 28x28 "
+                                        f"FEMNIST/MNIST or 8x8 digits), not {ds.num_features} "
+                                        "features")
+        return CNN(image_size=side, channels=3, hidden=(1000, 100), num_classes=ds.num_classes)
+    if cfg.model == "lstm":
+        from fl_examples.core.deep_models import StackedLSTM
+
+        vocab_size = ds.description.get("vocab_size")
+        if vocab_size is None:
+            raise InvalidParameterError("model", "lstm", "used with token-id features (e.g. "
+                                        "sent140tok:DIR), not a data set without vocab_size")
+        return StackedLSTM(vocab_size=vocab_size, embedding_dim=300, hidden=128, layers=2,
+                           num_classes=ds.num_classes, seq_len=ds.num_features)
+    return MultinomialLogReg(ds.num_features, ds.num_classes)

@@ -1,0 +1,280 @@
+"""One algorithm's run of Upcycled-FL, FedProx or FedAvg on the trainer skeleton."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.local import local_sgd
+from fl_examples.core.privacy import (
+    BudgetStop,
+    PrivacyPlan,
+)
+from fl_examples.core.rounds import (
+    aggregate,
+    broadcast,
+    evaluate,
+    resolve_device,
+    sample_clients,
+    select,
+    straggler_epochs,
+    to_client_data,
+)
+from fl_examples.core.run import (
+    TrainerRun,
+    adopt_round_charges,
+    checkpoint_dir,
+    drive,
+    open_ledger,
+)
+from fl_examples.core.seeds import SeedTree
+from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, _model, extrapolation
+from fl_examples.upcycled.privacy import _privacy_plan
+from privkit._journal import canonical_json
+from privkit.errors import InvalidParameterError
+from privkit.events import event_to_dict
+from privkit.ledger import Ledger, LedgerPointer
+
+
+class _Run(TrainerRun):
+    """One algorithm's run (:class:`~fl_examples.core.run.TrainerRun`): the model pair
+    ``w^{t-1}``, ``w^{t-2}`` and its history; a step is one iteration."""
+
+    evaluate_first = False  # no row for the initial model: the history starts at eval_every
+
+    def __init__(self, algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
+                 device: torch.device, plan: PrivacyPlan | None = None,
+                 ledger: Ledger | None = None, model: Any = None, *,
+                 iterations: int | None = None, calibration: dict[str, Any] | None = None
+                 ) -> None:
+        if algorithm not in ALGORITHMS:
+            raise InvalidParameterError("algorithm", algorithm, f"one of {', '.join(ALGORITHMS)}")
+        self.algorithm, self.cfg, self.ds, self.device = algorithm, cfg, ds, device
+        self.iterations = cfg.iterations if iterations is None else iterations
+        self.calibration = calibration or {}
+        self.tree = SeedTree(cfg.seed)
+        self.model = model if model is not None else _model(cfg, ds)
+        dtype = torch.float32
+        self.train = to_client_data(ds.padded(Split.TRAIN), device, dtype)
+        self.test = to_client_data(ds.padded(Split.TEST), device, dtype)
+        self.p = torch.as_tensor(ds.weights, dtype=torch.float64, device=device)
+        init = self.model.init(1, generator=self.tree.torch(0, "init", "cpu"), device=device)
+        self.w = {k: v[0] for k, v in init.items()}  # w^{t-1}
+        self.w_prev = {k: v.clone() for k, v in self.w.items()}  # w^{t-2}
+        self.iteration = 0
+        self.history: list[dict[str, Any]] = []
+        self.wall = 0.0
+        self.compute = 0.0
+        self.plan, self.ledger = plan, ledger
+        self.stopped: str | None = None
+        # data round -> clients whose charge for it is already in the ledger (adopted on resume)
+        self.precharged: dict[int, set[str]] = {}
+
+    # -- the run protocol -------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        return self.iteration
+
+    def finished(self) -> bool:
+        return self.iteration >= self.iterations
+
+    def remaining(self) -> int:
+        return self.iterations - self.iteration
+
+    def step(self) -> bool:
+        """One iteration; False before a data round that would take a client over budget."""
+        try:
+            self._iterate()
+        except BudgetStop as stop:
+            self.stopped = (f"stopped before iteration {self.iteration + 1}: {stop}; "
+                            f"budget {self.cfg.epsilon_budget}")
+            return False
+        return True
+
+    def report(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"history": self.history,
+                                  "model": {k: v.detach().cpu() for k, v in self.w.items()}}
+        if self.plan is not None and self.ledger is not None:
+            result["privacy"] = self.plan.report(self.ledger, self.ds.num_clients) \
+                | self.calibration
+            if self.stopped:
+                result["privacy"]["stopped"] = self.stopped
+        return result
+
+    # -- one iteration ----------------------------------------------------------------------
+    def data_round(self, t: int) -> int:
+        return (t + 1) // 2 if self.algorithm == "upcycled" else t
+
+    def _iterate(self) -> None:
+        t = self.iteration + 1
+        start = time.perf_counter()
+        if self.algorithm == "upcycled" and t % 2 == 0:
+            c = extrapolation(self.cfg, t // 2)
+            new = {k: self.w[k] + c * (self.w[k] - self.w_prev[k]) for k in self.w}
+        else:
+            new = self._local_round(self.data_round(t))
+        self.w_prev, self.w = self.w, new
+        self.iteration = t
+        self.wall += time.perf_counter() - start
+
+    def _selection(self, r: int) -> tuple[Any, Any]:
+        """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers)."""
+        cfg = self.cfg
+        sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
+        epochs, strag = straggler_epochs(self.tree, r, len(sel), cfg.stragglers, cfg.local_epochs)
+        if self.algorithm == "fedavg":
+            sel, epochs = sel[~strag], epochs[~strag]
+        return sel, epochs
+
+    def _charge(self, r: int, sel: Any) -> torch.Generator:
+        """Write-ahead charge of data round ``r`` (all or nothing; charges a crashed run
+        already wrote for this very round are not made twice); returns its noise generator."""
+        assert self.plan is not None and self.ledger is not None
+        done = self.precharged.pop(r, set())
+        todo = [c for c in sel.tolist() if str(c) not in done]
+        if todo:
+            self.plan.charge(self.ledger, todo, round_=r, run_id=self.algorithm)
+        return self.tree.torch(r, "noise", self.device)
+
+    def _check_finite(self, local: dict[str, torch.Tensor], sel: Any, r: int, kind: str) -> None:
+        """Refuse a non-finite client update, naming the client (nothing is released)."""
+        ok = torch.ones(len(sel), dtype=torch.bool, device=self.device)
+        for v in local.values():
+            ok &= torch.isfinite(v.reshape(len(sel), -1)).all(dim=1)
+        if not bool(ok.all()):
+            j = int(torch.nonzero(~ok)[0])
+            charged = ("nothing was charged or released" if kind == "output" else
+                       "its noise term was drawn, so the round stays charged; nothing was "
+                       "released")
+            raise InvalidParameterError(
+                f"update of client {int(sel[j])} in data round {r}", "non-finite values",
+                f"finite ({charged}; lower --lr)")
+
+    def _local_round(self, r: int) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        sel, epochs = self._selection(r)
+        if len(sel) == 0:  # FedAvg with every sampled client a straggler
+            return {k: v.clone() for k, v in self.w.items()}
+        linear = noise = None
+        plan = self.plan if self.ledger is not None else None
+        if plan is not None and plan.kind == "objective":
+            # The noise term enters the local objective: charge before training.
+            noise = self._charge(r, sel)
+            terms = [plan.mechanism(int(c)).linear_term(self.w, rng=noise) for c in sel]
+            linear = {k: torch.stack([t[k] for t in terms]) for k in self.w}
+        idx = torch.as_tensor(sel, device=self.device)
+        data = select(self.train, idx)
+        mu = 0.0 if self.algorithm == "fedavg" else cfg.mu
+        t0 = time.perf_counter()
+        local = local_sgd(
+            self.model, broadcast(self.w, len(sel)), self.w, data,
+            epochs=torch.as_tensor(epochs, device=self.device), batch_size=cfg.batch_size,
+            lr=cfg.lr, momentum=cfg.momentum, proximal_mu=mu,
+            generator=self.tree.torch(r, "batches", self.device), linear_term=linear,
+        )
+        if plan is not None:
+            self._check_finite(local, sel, r, plan.kind)
+        if plan is not None and plan.kind == "output":
+            # Output perturbation: charge after the updates are known to be finite, before
+            # any noise is drawn, so a bad update is refused with nothing charged.
+            noise = self._charge(r, sel)
+            released = [plan.mechanism(int(c))({k: v[j] for k, v in local.items()}, rng=noise)
+                        for j, c in enumerate(sel)]
+            local = {k: torch.stack([rel[k] for rel in released]) for k in local}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.compute += time.perf_counter() - t0
+        return aggregate(local, self.p[idx])
+
+    def evaluate(self) -> dict[str, Any]:
+        loss, acc = evaluate(self.model, self.w, self.train)
+        _, test_acc = evaluate(self.model, self.w, self.test)
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"{self.algorithm}: training diverged at iteration {self.iteration} "
+                f"(loss {loss}); lower --lr")
+        row = {"iteration": self.iteration, "train_loss": loss, "train_accuracy": acc,
+               "test_accuracy": test_acc, "wall_time_s": self.wall,
+               "client_compute_s": self.compute}
+        self.history.append(row)
+        return row
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors = {f"w.{k}": v for k, v in self.w.items()}
+        tensors.update({f"w_prev.{k}": v for k, v in self.w_prev.items()})
+        return tensors, {"wall_time_s": self.wall, "client_compute_s": self.compute}
+
+    def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
+        names = list(self.model.parameter_shapes())  # the model's own order
+        self.w = {k: tensors[f"w.{k}"] for k in names}
+        self.w_prev = {k: tensors[f"w_prev.{k}"] for k in names}
+        self.iteration = int(state["round"])
+        self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
+
+    def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
+        """(data round, client id, count, canonical event JSON) of each entry iteration ``t``
+        charges, in order (none for an even Upcycled-FL iteration)."""
+        assert self.plan is not None
+        if self.algorithm == "upcycled" and t % 2 == 0:
+            return []
+        r = self.data_round(t)
+        groups: dict[Any, list[str]] = {}
+        for c in self._selection(r)[0].tolist():
+            groups.setdefault(self.plan.mechanism(int(c)).event(), []).append(str(c))
+        return [(r, cid, 1, canonical_json(event_to_dict(ev))) for ev, ids in groups.items()
+                for cid in ids]
+
+    def adopt(self, pointer: LedgerPointer) -> None:
+        """Check the ledger against a restored state at ``pointer``; never lose or redo spend.
+
+        The ledger may hold charges after the pointer only if they are the write-ahead charges
+        of data rounds that the next checkpoint would have covered: a crash after charging and
+        before that checkpoint. Replaying those rounds draws the same noise (the seed tree is
+        part of the checkpointed configuration), so their charges are adopted rather than made
+        twice, and the resumed run ends bitwise equal to an uninterrupted one. Anything else
+        (a newer checkpoint existed, or another run's entries) is a rollback and is refused
+        (:func:`~fl_examples.core.run.adopt_round_charges`).
+
+        Raises:
+            LedgerMismatchError: the ledger lacks the pointer's entry (an older ledger).
+            LedgerRollbackError: the state is older than spend that later states depend on.
+        """
+        assert self.ledger is not None
+        self.precharged = adopt_round_charges(
+            self.ledger, pointer, run_id=self.algorithm, start=self.iteration,
+            window=self.iteration + max(self.cfg.checkpoint_every, 1),
+            charges=self._expected_charges, step_name="iteration")
+
+
+def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
+                  iterations: int, out: Path | None = None, resume: bool = False,
+                  stop_after: int | None = None) -> dict[str, Any]:
+    """Run one algorithm for ``iterations``; returns ``{"history", "model"}``.
+
+    With ``out``, checkpoints go to ``out/checkpoints/<algorithm>/`` every
+    ``cfg.checkpoint_every`` iterations; ``resume=True`` continues from the latest one.
+    ``stop_after`` ends the run early after that many iterations (to test resuming).
+    """
+    device = resolve_device(cfg.device)
+    model = _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
+    plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
+    ledger = _open_ledger(algorithm, cfg, out, resume) if plan is not None else None
+    run = _Run(algorithm, cfg, ds, device, plan, ledger, model, iterations=iterations,
+               calibration=calibration)
+    drive(run, checkpoints=checkpoint_dir(out, algorithm),
+          checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
+          stop_after=stop_after)
+    return run.report()
+
+
+def _open_ledger(algorithm: str, cfg: UpcycledConfig, out: Path | None, resume: bool) -> Ledger:
+    """One ledger per (output directory, algorithm); reopened, never reset, by every run."""
+    return open_ledger(out, algorithm, population_id=f"{cfg.dataset}|seed={cfg.seed}|{algorithm}",
+                       delta=cfg.delta, resume=resume, reopen=True,
+                       epsilon_budget=cfg.epsilon_budget)

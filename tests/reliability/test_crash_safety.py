@@ -404,6 +404,8 @@ def slow_write(fd, data):  # a slow disk: 4 KiB per write call, so kills land in
 
 
 os.write = slow_write
+import privkit  # warm up: the accountant imports its numerics on first use, not in the window
+privkit.epsilon(GaussianDpEvent(1000.0), 1e-5)
 led = Ledger.open(sys.argv[1])
 clients = [f"c{i}" for i in range(int(sys.argv[2]))]
 print("ready", led.head().seq, flush=True)

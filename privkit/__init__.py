@@ -50,6 +50,8 @@ from privkit.events import (
     pure_steps_event,
 )
 from privkit.mechanisms import (
+    AdaptiveClipping,
+    ClientLevelGaussian,
     GaussianOutputPerturbation,
     LaplaceGradientNoise,
     NoiseShape,
@@ -63,6 +65,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accountant",
+    "AdaptiveClipping",
+    "ClientLevelGaussian",
     "BudgetExceededError",
     "ComposedDpEvent",
     "DpEvent",

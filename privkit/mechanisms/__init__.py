@@ -9,8 +9,11 @@ dp-accounting's own accountants where dp-accounting knows the event.
 * :class:`GaussianOutputPerturbation` - Upcycled-FL output perturbation (Gaussian).
 * :class:`ObjectivePerturbation` - Upcycled-FL objective perturbation (Thm C.2).
 * :class:`LaplaceGradientNoise` - MAPA / AUDP per-example-clipped gradient noise.
+* :class:`ClientLevelGaussian` - DP-FedAvg's aggregate: clip each update, noise the sum once.
+* :class:`AdaptiveClipping` - the quantile-tracking clip norm of Andrew et al. (2021).
 """
 
+from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, AdaptiveClipping, ClientLevelGaussian
 from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm
 from privkit.mechanisms.gaussian import (
     GaussianOutputPerturbation,
@@ -31,6 +34,9 @@ from privkit.mechanisms.sampling import (
 )
 
 __all__ = [
+    "AdaptiveClipping",
+    "ClientLevelGaussian",
+    "TRUST_ASSUMPTION",
     "GaussianOutputPerturbation",
     "LaplaceGradientNoise",
     "NoiseShape",

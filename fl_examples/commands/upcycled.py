@@ -40,12 +40,31 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
     u.add_argument("--out", required=True, help="output directory (report.json, plots)")
     p = u.add_argument_group("privacy (odd iterations only; even ones are post-processing)")
-    p.add_argument("--privacy", default="none", choices=["none", "output", "objective"])
+    p.add_argument("--privacy", default="none",
+                   choices=["none", "output", "objective", "client", "record"],
+                   help="client: client-level DP-FedAvg (clip each update to --clip, noise the "
+                        "sum once, Poisson client sampling at --client-rate); record: DP-SGD in "
+                        "local training (per-example clip --clip, Poisson minibatches of "
+                        "expected size --batch-size); output/objective: the paper's mechanisms")
     p.add_argument("--sensitivity", default="replace-one",
                    choices=["replace-one", "paper", "strongly-convex"],
                    help="output perturbation: 2*tau (default, any model), tau/|D_i| (the "
                         "paper's Thm C.1 assumption), or the strongly convex bound")
-    p.add_argument("--clip", type=float, default=10.0, help="tau, the model's L2 clip norm")
+    p.add_argument("--clip", type=float, default=10.0,
+                   help="output: tau, the model's L2 clip norm; client: C, each update's L2 "
+                        "clip norm; record: C, each example gradient's")
+    p.add_argument("--noise-multiplier", type=float, default=1.0,
+                   help="z for client/record: noise stddev = z * --clip")
+    p.add_argument("--client-rate", type=float, default=None,
+                   help="q for client: each client joins a data round with probability q "
+                        "(default: --fraction)")
+    p.add_argument("--server-lr", type=float, default=1.0,
+                   help="client: server learning rate on the noisy mean update")
+    p.add_argument("--server-momentum", type=float, default=0.0,
+                   help="client: server momentum (DP-FedAvg with momentum)")
+    p.add_argument("--adaptive-clip", type=float, default=None, metavar="QUANTILE",
+                   help="client: track this quantile of the update norms (Andrew et al. "
+                        "2021); the noisy count is charged too")
     p.add_argument("--sigma", type=float, default=1.0, help="output noise stddev (absolute)")
     p.add_argument("--alpha", type=float, default=20.0, help="objective perturbation rate")
     p.add_argument("--lipschitz", type=float, default=None,
@@ -54,11 +73,14 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-norm", type=float, default=None,
                    help="R: clip every feature row to this public L2 norm (needed by "
                         "--sensitivity strongly-convex, whose u1 and beta it bounds)")
-    p.add_argument("--delta", type=float, default=1e-3)
+    p.add_argument("--delta", type=float, default=None,
+                   help="delta of every epsilon (default 1e-3 for output/objective, 1e-5 for "
+                        "client/record)")
     p.add_argument("--epsilon-budget", type=float, default=None,
                    help="stop before any client's epsilon would exceed this")
     p.add_argument("--noise-for-epsilon", type=float, default=None,
-                   help="calibrate --sigma / --alpha so the run ends at this epsilon")
+                   help="calibrate --sigma / --alpha / --noise-multiplier so the run ends at "
+                        "this epsilon")
     p.add_argument("--noise-target", default="mean", choices=["mean", "max"])
     p.add_argument("--allow-unproven", action="store_true",
                    help="run objective perturbation outside Thm C.2 (epsilon marked NOT PROVEN)")
@@ -82,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         privacy=args.privacy, sensitivity=args.sensitivity, l2_clip_norm=args.clip,
         stddev=args.sigma, alpha=args.alpha, lipschitz=args.lipschitz,
         feature_norm=args.feature_norm, delta=args.delta,
+        noise_multiplier=args.noise_multiplier, client_rate=args.client_rate,
+        server_lr=args.server_lr, server_momentum=args.server_momentum,
+        adaptive_clip=args.adaptive_clip,
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
         baseline_iterations=args.baseline_iterations,

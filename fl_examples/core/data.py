@@ -74,6 +74,7 @@ def synthetic(
     num_classes: int | None = None,
     preset: SyntheticPreset = SyntheticPreset.UPCYCLED_PAPER,
     iid: bool = False,
+    max_client_size: int | None = None,
 ) -> FederatedDataset:
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, ``generate_synthetic.py``).
 
@@ -95,6 +96,9 @@ def synthetic(
         data_heterogeneity_std: beta (FedProx), a standard deviation >= 0.
         rng: a numpy Generator, or an int seed (recorded in the description).
         num_clients: K (30 in the papers).
+        max_client_size: optional cap on n_k (the recipe's lognormal sizes have a heavy tail:
+            with thousands of clients some hold tens of thousands of records); None = the
+            recipe's sizes.
         num_features: d; default from ``preset``.
         num_classes: C; default from ``preset``.
         preset: shape preset (default Upcycled-FL paper: d = 20, C = 10).
@@ -128,6 +132,8 @@ def synthetic(
 
     # Draw order follows the scripts: sizes, priors, feature means, models, then samples.
     sizes = gen.lognormal(4.0, 2.0, k_clients).astype(np.int64) + 50
+    if max_client_size is not None:
+        sizes = np.minimum(sizes, v.positive_int("max_client_size", max_client_size))
     std_x = np.sqrt(np.power(np.arange(1, d + 1, dtype=np.float64), -1.2))
     if iid:
         means_x = np.zeros((k_clients, d))
@@ -284,6 +290,9 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
     - ``synthetic:ALPHA,BETA[:PRESET]``: :func:`synthetic` with those standard deviations,
       e.g. ``synthetic:0.5,0.5``. ``PRESET`` is ``paper`` (default; 20-d, 10 classes),
       ``fedprox`` (60-d, 10 classes) or ``released`` (20-d, 2 classes).
+    - a suffix ``@CLIENTS[/MAXSIZE]`` on ``synthetic`` and ``digits`` sets the number of
+      clients (default 30) and, for ``synthetic``, caps each client's records: e.g.
+      ``synthetic:0.5,0.5@2000/500`` (2000 clients of at most 500 records).
     - ``synthetic:iid[:PRESET]``: the ``generate_iid.py`` variant.
     - ``digits``, ``digits:K``, ``digits:iid``: :func:`digits` over 30 clients, K classes per
       client (default 5) or IID.
@@ -306,8 +315,23 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
     if not isinstance(spec, str):
         raise _bad(repr(spec), "not a string")
     seed = v.nonnegative_int("seed", seed)
-    name, _, rest = spec.strip().partition(":")
+    body, at, count = spec.strip().partition("@")
+    name, _, rest = body.partition(":")
     name = name.lower()
+    clients, cap = 30, None
+    if at:
+        if name not in ("synthetic", "digits"):
+            raise _bad(spec, "@CLIENTS applies to synthetic and digits only")
+        n_text, slash, cap_text = count.partition("/")
+        clients = int(_number(spec, n_text, integer=True))
+        if clients < 1:
+            raise _bad(spec, "@CLIENTS needs at least 1 client")
+        if slash:
+            if name != "synthetic":
+                raise _bad(spec, "/MAXSIZE applies to synthetic only")
+            cap = int(_number(spec, cap_text, integer=True))
+            if cap < 1:
+                raise _bad(spec, "/MAXSIZE needs at least 1 record")
     if name == "synthetic":
         args = rest.split(":")
         if not rest or len(args) > 2:
@@ -316,19 +340,21 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
         if preset is None:
             raise _bad(spec, f"unknown preset {args[1]!r}")
         if args[0].lower() == "iid":
-            return synthetic(0.0, 0.0, rng=seed, preset=preset, iid=True)
+            return synthetic(0.0, 0.0, rng=seed, preset=preset, iid=True, num_clients=clients,
+                             max_client_size=cap)
         pair = args[0].split(",")
         if len(pair) != 2:
             raise _bad(spec, "synthetic needs two numbers ALPHA,BETA")
         alpha, beta = (_number(spec, t) for t in pair)
-        return synthetic(alpha, beta, rng=seed, preset=preset)
+        return synthetic(alpha, beta, rng=seed, preset=preset, num_clients=clients,
+                         max_client_size=cap)
     if name == "digits":
         if rest.lower() == "iid":
-            return digits(rng=seed, classes_per_client=None)
+            return digits(rng=seed, classes_per_client=None, num_clients=clients)
         k = int(_number(spec, rest, integer=True)) if rest else 5
         if not 1 <= k <= 10:
             raise _bad(spec, "digits:K needs 1 <= K <= 10")
-        return digits(rng=seed, classes_per_client=k)
+        return digits(rng=seed, classes_per_client=k, num_clients=clients)
     if name == "breast_cancer":
         k = int(_number(spec, rest, integer=True)) if rest else 10
         if not 1 <= k <= 56:

@@ -476,6 +476,30 @@ class MLP:
         h = torch.relu(x @ params["w1"] + params["b1"])
         return h @ params["w2"] + params["b2"]
 
+    # -- per-example gradients on flat parameters (see PerExampleModel), by torch.func
+
+    def flat_logits(self, flat: Tensor, x: Tensor) -> Tensor:
+        """Logits ``(B, C)`` of one model, flat ``(d,)``, on ``x (B, F)``."""
+        return self.forward_single(split_flat(flat, self.parameter_shapes()), x)
+
+    def per_example_grads(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """``(m, b, d)`` per-example gradients of the cross-entropy (``vmap`` of ``grad``)."""
+        from torch.func import grad, vmap
+
+        def loss_one(flat: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
+            return F.cross_entropy(self.flat_logits(flat, xi[None]), yi[None])
+
+        return vmap(vmap(grad(loss_one), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))(theta, x, y)
+
+    def mean_grads(self, theta: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
+                   denom: int | None = None) -> Tensor:
+        """``(m, d)``: the per-example gradients summed over the rows (those with ``mask`` 1)
+        and divided by ``denom`` (default: the number of rows)."""
+        per = self.per_example_grads(theta, x, y)
+        if mask is not None:
+            per = per * mask[:, :, None].to(per.dtype)
+        return per.sum(1) / (per.shape[1] if denom is None else denom)
+
     def loss(self, params: Mapping[str, Tensor], x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
         """Per-client mean cross-entropy ``(K,)`` over the real rows of ``x``."""
         return masked_mean_cross_entropy(self.forward(params, x), y, mask)

@@ -26,7 +26,7 @@ from privkit.ledger import Ledger
 __all__ = ["PRIVACY_KINDS", "SENSITIVITIES", "PrivacyPlan", "calibrate", "BudgetStop",
            "logreg_lipschitz", "logreg_smoothness", "clip_features", "smallest_batch"]
 
-PRIVACY_KINDS = ("none", "output", "objective")
+PRIVACY_KINDS = ("none", "output", "objective", "client", "record")
 SENSITIVITIES = {
     "replace-one": privkit.Sensitivity.CLIP_REPLACE_ONE,
     "paper": privkit.Sensitivity.PAPER,

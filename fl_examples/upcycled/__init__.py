@@ -77,6 +77,19 @@ _COLUMNS = (Column("algorithm", 10), Column("iters", 6), Column("data rounds", 1
             Column("client s", 8, ".2f"))
 
 
+def _privacy_detail(p: dict[str, Any]) -> str:
+    mech = p["mechanism"]
+    if mech == "gaussian_output_perturbation":
+        return f"sensitivity {p['sensitivity']} ({p['sensitivity_formula']})"
+    if mech == "objective_perturbation":
+        return f"alpha {p['alpha']:.4g}"
+    if p.get("privacy_unit") == "client":
+        return (f"client-level: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
+                f"q {p['client_rate']:g} ({p['assumptions'][0]})")
+    return (f"record-level DP-SGD: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
+            f"expected batch {p['expected_batch_size']}")
+
+
 def final_table(result: dict[str, Any]) -> str:
     """A short text table of each algorithm's last evaluation (and epsilon, if private)."""
     algs = result["algorithms"]
@@ -90,9 +103,7 @@ def final_table(result: dict[str, Any]) -> str:
         if "privacy" in r:
             p = r["privacy"]
             mark = "" if p["proven"] else "  [NOT PROVEN]"
-            detail = (f"sensitivity {p['sensitivity']} ({p['sensitivity_formula']})"
-                      if p["mechanism"] == "gaussian_output_perturbation"
-                      else f"alpha {p['alpha']:.4g}")
+            detail = _privacy_detail(p)
             notes.append(f"{name}: eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} "
                          f"at delta={p['delta']:g} [{p['method']}], {detail}{mark}"
                          + (f"\n  {p['stopped']}" if "stopped" in p else ""))

@@ -47,8 +47,13 @@ class UpcycledConfig:
         eval_every: evaluate every this many iterations (and at the last one).
         checkpoint_every: checkpoint every this many iterations (0 = never).
         privacy: ``none``, ``output`` (clip the uploaded model to ``l2_clip_norm`` and add
-            N(0, ``stddev``^2) on odd iterations) or ``objective`` (a linear term with density
-            ~ exp(-``alpha`` ||n||) in the local objective on odd iterations).
+            N(0, ``stddev``^2) on odd iterations), ``objective`` (a linear term with density
+            ~ exp(-``alpha`` ||n||) in the local objective on odd iterations), ``client``
+            (client-level DP-FedAvg: Poisson client sampling at ``client_rate``, each update
+            clipped to ``l2_clip_norm``, N(0, (``noise_multiplier`` C)^2) on the sum) or
+            ``record`` (record-level DP-SGD in local training: Poisson minibatches of expected
+            size ``batch_size``, per-example gradients clipped to ``l2_clip_norm``,
+            ``noise_multiplier`` on each step). See :mod:`fl_examples.core.dp_modes`.
         sensitivity: output perturbation's sensitivity: ``replace-one`` (2 tau, default),
             ``paper`` (tau/|D_i|, Thm C.1's assumption, reported NOT PROVEN) or
             ``strongly-convex`` (needs ``feature_norm``, momentum 0, logreg and
@@ -57,7 +62,15 @@ class UpcycledConfig:
             (``strongly-convex``): it gives u1 = sqrt(2 (R^2 + 1)) and beta = (R^2 + 1)/2.
         lipschitz: u1 for ``strongly-convex`` (default: the one ``feature_norm`` implies; a
             smaller value is refused, a larger one is used as given).
-        delta: the delta every epsilon is reported at (the paper's 1e-3).
+        delta: the delta every epsilon is reported at (default: the paper's 1e-3 for
+            ``output``/``objective``, 1e-5 for ``client``/``record``).
+        noise_multiplier: z of ``client`` and ``record`` (noise stddev over the clip norm).
+        client_rate: q of ``client``: each client joins a data round with this probability
+            (default: ``fraction``).
+        server_lr, server_momentum: the server optimiser of ``client`` (DP-FedAvg), applied
+            to the noisy mean update.
+        adaptive_clip: a target quantile in (0, 1) turns on adaptive clipping for ``client``
+            (Andrew et al. 2021; the count is a second release per round, charged too).
         epsilon_budget: per-client budget; the run stops before a client would exceed it.
         allow_unproven: run objective perturbation although Thm C.2 does not hold here (SGD is
             not an exact minimiser); its epsilon is then marked NOT PROVEN.
@@ -92,7 +105,12 @@ class UpcycledConfig:
     alpha: float = 20.0
     lipschitz: float | None = None
     feature_norm: float | None = None
-    delta: float = 1e-3
+    delta: float | None = None
+    noise_multiplier: float = 1.0
+    client_rate: float | None = None
+    server_lr: float = 1.0
+    server_momentum: float = 0.0
+    adaptive_clip: float | None = None
     epsilon_budget: float | None = None
     allow_unproven: bool = False
     noise_for_epsilon: float | None = None
@@ -116,9 +134,30 @@ class UpcycledConfig:
         m = _validate.real("momentum", self.momentum)
         if not 0 <= m < 1:
             raise InvalidParameterError("momentum", self.momentum, "in [0, 1)")
+        if self.delta is None:  # frozen: resolve the mode's default once, for the report too
+            object.__setattr__(self, "delta", 1e-5 if self.privacy in ("client", "record")
+                               else 1e-3)
         check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
         if self.privacy not in PRIVACY_KINDS:
-            raise InvalidParameterError("privacy", self.privacy, "none, output or objective")
+            raise InvalidParameterError("privacy", self.privacy,
+                                        "none, output, objective, client or record")
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        if self.client_rate is not None:
+            q = _validate.positive("client_rate", self.client_rate)
+            if not q <= 1:
+                raise InvalidParameterError("client_rate", self.client_rate, "in (0, 1]")
+            if self.privacy != "client":
+                raise InvalidParameterError("client_rate", self.client_rate,
+                                            "used with --privacy client")
+        _validate.positive("server_lr", self.server_lr)
+        sm = _validate.real("server_momentum", self.server_momentum)
+        if not 0 <= sm < 1:
+            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
+        if self.adaptive_clip is not None:
+            a = _validate.positive("adaptive_clip", self.adaptive_clip)
+            if not a < 1 or self.privacy != "client":
+                raise InvalidParameterError("adaptive_clip", self.adaptive_clip,
+                                            "a quantile in (0, 1), with --privacy client")
         _validate.positive("l2_clip_norm", self.l2_clip_norm)
         _validate.positive("stddev", self.stddev)
         _validate.positive("alpha", self.alpha)
@@ -126,7 +165,7 @@ class UpcycledConfig:
             _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
             if self.privacy == "none":
                 raise InvalidParameterError("noise_for_epsilon", self.noise_for_epsilon,
-                                            "used with --privacy output or objective")
+                                            "used with a --privacy mode")
         if self.noise_target not in ("mean", "max"):
             raise InvalidParameterError("noise_target", self.noise_target, "mean or max")
         if self.privacy == "objective" and not self.mu > 0:
@@ -141,6 +180,11 @@ class UpcycledConfig:
             raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
                                         "auto, half or same")
 
+
+    @property
+    def effective_client_rate(self) -> float:
+        """q of ``client`` (``client_rate``, else ``fraction``)."""
+        return self.fraction if self.client_rate is None else self.client_rate
 
     def _check_strongly_convex(self) -> None:
         """The strongly convex bound's conditions, enforced (not taken on trust)."""

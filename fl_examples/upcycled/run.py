@@ -10,6 +10,8 @@ from typing import Any
 import torch
 
 from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.dp_modes import charge_entries
+from fl_examples.core.dpsgd import local_dpsgd
 from fl_examples.core.local import local_sgd
 from fl_examples.core.privacy import (
     BudgetStop,
@@ -74,6 +76,8 @@ class _Run(TrainerRun):
         self.stopped: str | None = None
         # data round -> clients whose charge for it is already in the ledger (adopted on resume)
         self.precharged: dict[int, set[str]] = {}
+        # the server's state under client-level DP: clip norm (adaptive) and momentum buffer
+        self.server: dict[str, Any] = {}
 
     # -- the run protocol -------------------------------------------------------------------
     @property
@@ -92,7 +96,7 @@ class _Run(TrainerRun):
             self._iterate()
         except BudgetStop as stop:
             self.stopped = (f"stopped before iteration {self.iteration + 1}: {stop}; "
-                            f"budget {self.cfg.epsilon_budget}")
+                            f"budget {self.ledger.epsilon_budget}")
             return False
         return True
 
@@ -125,20 +129,29 @@ class _Run(TrainerRun):
     def _selection(self, r: int) -> tuple[Any, Any]:
         """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers)."""
         cfg = self.cfg
-        sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
+        if getattr(self.plan, "kind", None) == "client":  # Poisson sampling at rate q
+            sel = self.plan.select(self.tree, r)  # type: ignore[union-attr]
+        else:
+            sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
         epochs, strag = straggler_epochs(self.tree, r, len(sel), cfg.stragglers, cfg.local_epochs)
         if self.algorithm == "fedavg":
             sel, epochs = sel[~strag], epochs[~strag]
         return sel, epochs
 
-    def _charge(self, r: int, sel: Any) -> torch.Generator:
+    def _charge(self, r: int, sel: Any, epochs: Any = None) -> torch.Generator:
         """Write-ahead charge of data round ``r`` (all or nothing; charges a crashed run
         already wrote for this very round are not made twice); returns its noise generator."""
         assert self.plan is not None and self.ledger is not None
         done = self.precharged.pop(r, set())
-        todo = [c for c in sel.tolist() if str(c) not in done]
-        if todo:
-            self.plan.charge(self.ledger, todo, round_=r, run_id=self.algorithm)
+        if self.plan.kind in ("client", "record"):
+            todo = [(c, e) for c, e in self.plan.entries(r, sel, epochs) if c not in done]
+            if todo:
+                charge_entries(self.ledger, todo, round_=r, run_id=self.algorithm,
+                               label=f"{self.plan.kind}-level release")
+        else:
+            ids = [c for c in sel.tolist() if str(c) not in done]
+            if ids:
+                self.plan.charge(self.ledger, ids, round_=r, run_id=self.algorithm)
         return self.tree.torch(r, "noise", self.device)
 
     def _check_finite(self, local: dict[str, torch.Tensor], sel: Any, r: int, kind: str) -> None:
@@ -156,12 +169,16 @@ class _Run(TrainerRun):
                 f"finite ({charged}; lower --lr)")
 
     def _local_round(self, r: int) -> dict[str, torch.Tensor]:
+        plan = self.plan if self.ledger is not None else None
+        if plan is not None and plan.kind == "client":
+            return self._client_round(r)
+        if plan is not None and plan.kind == "record":
+            return self._record_round(r)
         cfg = self.cfg
         sel, epochs = self._selection(r)
         if len(sel) == 0:  # FedAvg with every sampled client a straggler
             return {k: v.clone() for k, v in self.w.items()}
         linear = noise = None
-        plan = self.plan if self.ledger is not None else None
         if plan is not None and plan.kind == "objective":
             # The noise term enters the local objective: charge before training.
             noise = self._charge(r, sel)
@@ -191,6 +208,53 @@ class _Run(TrainerRun):
         self.compute += time.perf_counter() - t0
         return aggregate(local, self.p[idx])
 
+    def _train(self, sel: Any, epochs: Any, r: int) -> dict[str, torch.Tensor]:
+        """The sampled clients' local models from the global one (plain local SGD)."""
+        cfg = self.cfg
+        data = select(self.train, torch.as_tensor(sel, device=self.device))
+        return local_sgd(
+            self.model, broadcast(self.w, len(sel)), self.w, data,
+            epochs=torch.as_tensor(epochs, device=self.device), batch_size=cfg.batch_size,
+            lr=cfg.lr, momentum=cfg.momentum,
+            proximal_mu=0.0 if self.algorithm == "fedavg" else cfg.mu,
+            generator=self.tree.torch(r, "batches", self.device))
+
+    def _client_round(self, r: int) -> dict[str, torch.Tensor]:
+        """Client-level DP-FedAvg: Poisson-sampled clients train; their clipped updates are
+        summed and noised once; the server applies the noisy mean (K = 0 still releases)."""
+        assert self.plan is not None
+        sel, epochs = self._selection(r)
+        t0 = time.perf_counter()
+        if len(sel):
+            local = self._train(sel, epochs, r)
+            self._check_finite(local, sel, r, "output")
+        else:
+            local = {k: v.unsqueeze(0)[:0] for k, v in self.w.items()}
+        noise = self._charge(r, sel)  # after the updates are known finite, before any noise
+        new = self.plan.release(self.w, local, self.server, noise)  # type: ignore[union-attr]
+        self.compute += time.perf_counter() - t0
+        return new
+
+    def _record_round(self, r: int) -> dict[str, torch.Tensor]:
+        """Record-level DP-SGD: each sampled client is charged its round's steps, then trains
+        with DP-SGD; the server averages (post-processing)."""
+        cfg = self.cfg
+        sel, epochs = self._selection(r)
+        if len(sel) == 0:
+            return {k: v.clone() for k, v in self.w.items()}
+        noise = self._charge(r, sel, epochs)  # the noise enters training: charge first
+        idx = torch.as_tensor(sel, device=self.device)
+        t0 = time.perf_counter()
+        local = local_dpsgd(
+            self.model, broadcast(self.w, len(sel)), self.w, select(self.train, idx),
+            epochs=torch.as_tensor(epochs, device=self.device),
+            settings=self.plan.settings,  # type: ignore[union-attr]
+            lr=cfg.lr, momentum=cfg.momentum,
+            proximal_mu=0.0 if self.algorithm == "fedavg" else cfg.mu, generator=noise)
+        self._check_finite(local, sel, r, "objective")
+        self.compute += time.perf_counter() - t0
+        return aggregate(local, self.p[idx])
+
     def evaluate(self) -> dict[str, Any]:
         loss, acc = evaluate(self.model, self.w, self.train)
         _, test_acc = evaluate(self.model, self.w, self.test)
@@ -208,7 +272,12 @@ class _Run(TrainerRun):
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors = {f"w.{k}": v for k, v in self.w.items()}
         tensors.update({f"w_prev.{k}": v for k, v in self.w_prev.items()})
-        return tensors, {"wall_time_s": self.wall, "client_compute_s": self.compute}
+        extra: dict[str, Any] = {"wall_time_s": self.wall, "client_compute_s": self.compute}
+        if "momentum" in self.server:
+            tensors.update({f"server_momentum.{k}": v for k, v in self.server["momentum"].items()})
+        if "clip" in self.server:
+            extra["server_clip"] = self.server["clip"]
+        return tensors, extra
 
     def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
         names = list(self.model.parameter_shapes())  # the model's own order
@@ -216,6 +285,10 @@ class _Run(TrainerRun):
         self.w_prev = {k: tensors[f"w_prev.{k}"] for k in names}
         self.iteration = int(state["round"])
         self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
+        if f"server_momentum.{names[0]}" in tensors:
+            self.server["momentum"] = {k: tensors[f"server_momentum.{k}"] for k in names}
+        if "server_clip" in state:
+            self.server["clip"] = float(state["server_clip"])
 
     def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
         """(data round, client id, count, canonical event JSON) of each entry iteration ``t``
@@ -224,8 +297,12 @@ class _Run(TrainerRun):
         if self.algorithm == "upcycled" and t % 2 == 0:
             return []
         r = self.data_round(t)
+        sel, epochs = self._selection(r)
+        if self.plan.kind in ("client", "record"):
+            return [(r, cid, 1, canonical_json(event_to_dict(ev)))
+                    for cid, ev in self.plan.entries(r, sel, epochs)]
         groups: dict[Any, list[str]] = {}
-        for c in self._selection(r)[0].tolist():
+        for c in sel.tolist():
             groups.setdefault(self.plan.mechanism(int(c)).event(), []).append(str(c))
         return [(r, cid, 1, canonical_json(event_to_dict(ev))) for ev, ids in groups.items()
                 for cid in ids]

@@ -1,0 +1,281 @@
+"""The two privacy models people train with, for the synchronous trainers: client-level
+DP-FedAvg and record-level DP-SGD (public privkit API plus this package's solvers).
+
+* :class:`ClientDpPlan` (``--privacy client``): Poisson client sampling at rate q in every data
+  round, each sampled client's update (local model minus global) clipped to C, Gaussian noise
+  N(0, (z C)^2) added once to the sum (:class:`privkit.ClientLevelGaussian`), divided by the
+  expected number of clients q N, applied with a server learning rate and momentum (McMahan et
+  al., ICLR 2018). The guarantee is the same for every client (add or remove one whole
+  client), so the ledger holds one id, ``population``, charged once per data round before the
+  noise is drawn. Assumes a trusted aggregator or secure aggregation.
+* :class:`RecordDpPlan` (``--privacy record``): every participating client trains with DP-SGD
+  (:mod:`fl_examples.core.dpsgd`) and is charged, before training, its own
+  ``SelfComposedDpEvent(PoissonSampledDpEvent(b/n_i, GaussianDpEvent(z)), steps)`` for the
+  round. The server's average is post-processing.
+
+Both charge through :func:`charge_entries`, whose write order :meth:`entries` also gives
+the crash-resume adoption (:func:`fl_examples.core.run.adopt_round_charges`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import privkit
+from fl_examples.core.dpsgd import DpSgdSettings, round_event, steps_per_client
+from fl_examples.core.privacy import BudgetStop
+from fl_examples.core.seeds import SeedTree
+from privkit import _validate
+from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.ledger import Ledger
+from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, AdaptiveClipping, ClientLevelGaussian
+
+__all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "grouped", "calibrate_record",
+           "POPULATION"]
+
+#: The ledger id of client-level DP: every client's guarantee is the population's.
+POPULATION = "population"
+
+
+def charge_entries(ledger: Ledger, entries: Sequence[tuple[str, Any]], *, round_: int,
+                   run_id: str, label: str) -> int:
+    """Charge ``(client id, event)`` entries, grouped by event in order of first appearance
+    (all or nothing); returns the last receipt's seq.
+
+    Raises:
+        BudgetStop: some client would exceed the budget (nothing is charged).
+    """
+    groups: dict[Any, list[str]] = {}
+    for cid, ev in entries:
+        groups.setdefault(ev, []).append(cid)
+    for ev, ids in groups.items():
+        over = ledger.would_exceed(ids, ev)
+        if bool(np.any(over)):
+            who = [i for i, o in zip(ids, over) if o]
+            raise BudgetStop(f"client(s) {', '.join(who[:5])} would exceed the budget in data "
+                             f"round {round_}")
+    seq = -1
+    for ev, ids in groups.items():
+        try:
+            seq = ledger.spend(ids, ev, label=label, round=round_, run_id=run_id).seq
+        except BudgetExceededError as exc:  # cannot happen after the check; stay safe
+            raise BudgetStop(str(exc)) from None
+    return seq
+
+
+def grouped(entries: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``entries`` in the order :func:`charge_entries` writes them."""
+    groups: dict[Any, list[str]] = {}
+    for cid, ev in entries:
+        groups.setdefault(ev, []).append(cid)
+    return [(cid, ev) for ev, ids in groups.items() for cid in ids]
+
+
+def _section(ledger: Ledger, ids: list[str]) -> dict[str, Any]:
+    eps = ledger.epsilons(ids)
+    arr = np.array([eps[i] for i in ids])
+    rep = ledger.report(ids)
+    top = ids[int(np.argmax(arr))]
+    comp = ledger.composition(top)
+    method = privkit.epsilon(privkit.ComposedDpEvent(
+        [privkit.SelfComposedDpEvent(a, n) for a, n in comp.atoms]), rep.delta).method \
+        if comp.atoms else rep.method.value
+    return {"delta": rep.delta, "epsilon_mean": float(arr.mean()),
+            "epsilon_max": float(arr.max()), "method": method, "proven": True}
+
+
+@dataclass(frozen=True)
+class ClientDpPlan:
+    """Client-level DP-FedAvg settings for one run (module docstring).
+
+    Attributes:
+        num_clients: N, the population.
+        client_rate: q, each client's Poisson probability of joining a data round, (0, 1].
+        l2_clip_norm: C (the initial C with ``adaptive``).
+        noise_multiplier: z of the sum.
+        server_lr, server_momentum: the server optimiser applied to the noisy mean update.
+        adaptive: quantile-tracking clip norm (its count is a second release per round).
+    """
+
+    kind = "client"
+
+    num_clients: int
+    client_rate: float
+    l2_clip_norm: float
+    noise_multiplier: float
+    server_lr: float = 1.0
+    server_momentum: float = 0.0
+    adaptive: AdaptiveClipping | None = None
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("num_clients", self.num_clients)
+        q = _validate.positive("client_rate", self.client_rate)
+        if not q <= 1:
+            raise InvalidParameterError("client_rate", self.client_rate, "in (0, 1]")
+        _validate.positive("clip", self.l2_clip_norm)
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.positive("server_lr", self.server_lr)
+        m = _validate.real("server_momentum", self.server_momentum)
+        if not 0 <= m < 1:
+            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
+
+    @property
+    def expected_clients(self) -> float:
+        return self.client_rate * self.num_clients
+
+    def mechanism(self, clip: float | None = None) -> ClientLevelGaussian:
+        return ClientLevelGaussian(self.l2_clip_norm if clip is None else clip,
+                                   self.noise_multiplier, self.client_rate)
+
+    def select(self, tree: SeedTree, data_round: int) -> np.ndarray:
+        """Poisson sampling: each client independently with probability q (sorted ids)."""
+        u = tree.numpy(data_round, "poisson-clients").random(self.num_clients)
+        return np.flatnonzero(u < self.client_rate)
+
+    def entries(self, data_round: int, sel: Any = None, epochs: Any = None
+                ) -> list[tuple[str, Any]]:
+        out = [(POPULATION, self.mechanism().event())]
+        if self.adaptive is not None:
+            out.append((POPULATION, self.adaptive.event()))
+        return grouped(out)
+
+    @torch.no_grad()
+    def release(self, w: dict[str, torch.Tensor], local: dict[str, torch.Tensor],
+                state: dict[str, Any], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The new global model from the sampled clients' local models (K may be 0).
+
+        ``state`` holds the server's clip norm (``clip``) and momentum buffer (``momentum``)
+        and is updated in place."""
+        clip = float(state.get("clip", self.l2_clip_norm))
+        delta = {k: local[k] - w[k].unsqueeze(0) for k in w}
+        mech = self.mechanism(clip)
+        if self.adaptive is not None:
+            k = next(iter(delta.values())).shape[0]
+            norms = torch.zeros(k, dtype=torch.float64, device=generator.device)
+            for v in delta.values():
+                norms += v.reshape(k, -1).to(torch.float64).pow(2).sum(1)
+            state["clip"] = self.adaptive.update(clip, norms.sqrt(),
+                                                 expected_clients=self.expected_clients,
+                                                 rng=generator)
+        noisy = mech(delta, rng=generator)
+        mean = {k: noisy[k] / self.expected_clients for k in w}
+        if self.server_momentum:
+            buf = state.get("momentum")
+            buf = mean if buf is None else {k: self.server_momentum * buf[k] + mean[k]
+                                             for k in w}
+            state["momentum"] = buf
+            mean = buf
+        return {k: w[k] + self.server_lr * mean[k] for k in w}
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mechanism": "client_level_gaussian (DP-FedAvg)", "privacy_unit": "client",
+            "l2_clip_norm": self.l2_clip_norm, "noise_multiplier": self.noise_multiplier,
+            "noise_stddev_of_sum": self.noise_multiplier * self.l2_clip_norm,
+            "client_rate": self.client_rate, "expected_clients": self.expected_clients,
+            "server_lr": self.server_lr, "server_momentum": self.server_momentum,
+            "assumptions": [TRUST_ASSUMPTION, "Poisson client sampling whose outcome stays "
+                            "secret (amplification used)", "add or remove one whole client"]}
+        if self.adaptive is not None:
+            out["adaptive_clipping"] = {
+                "target_quantile": self.adaptive.target_quantile,
+                "learning_rate": self.adaptive.learning_rate,
+                "count_stddev": self.adaptive.count_stddev}
+        return out
+
+    def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
+        out = _section(ledger, [POPULATION]) | self.describe()
+        out["charged_rounds"] = int(sum(n for _, n in ledger.composition(POPULATION).atoms))
+        out["per_client"] = [out["epsilon_max"]] * num_clients  # the population's, for each
+        return out
+
+
+@dataclass(frozen=True)
+class RecordDpPlan:
+    """Record-level DP-SGD settings for one run (module docstring).
+
+    Attributes:
+        sizes: |D_i| per client.
+        settings: clip, noise multiplier and expected minibatch size of DP-SGD.
+    """
+
+    kind = "record"
+
+    sizes: tuple[int, ...]
+    settings: DpSgdSettings
+
+    def entries(self, data_round: int, sel: Any, epochs: Any) -> list[tuple[str, Any]]:
+        steps = steps_per_client([self.sizes[int(c)] for c in sel], epochs,
+                                 self.settings.batch_size).tolist()
+        return grouped([(str(int(c)), round_event(self.sizes[int(c)], int(s), self.settings))
+                        for c, s in zip(sel, steps) if s > 0])
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {"mechanism": "record_level_dpsgd", "privacy_unit": "record",
+                "l2_clip_norm": s.l2_clip_norm, "noise_multiplier": s.noise_multiplier,
+                "expected_batch_size": s.batch_size,
+                "sampling_rate_per_client": [min(1.0, s.batch_size / n) for n in self.sizes],
+                "assumptions": ["Poisson-sampled local minibatches whose outcome stays "
+                                "secret (amplification used)", "add or remove one record"]}
+
+    def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
+        ids = [str(i) for i in range(num_clients)]
+        eps = ledger.epsilons(ids)
+        out = _section(ledger, ids) | self.describe()
+        out["per_client"] = [eps[i] for i in ids]
+        out["charged_steps"] = [int(sum(n for _, n in ledger.composition(i).atoms))
+                                for i in ids]
+        return out
+
+
+def calibrate_record(counts: Sequence[int], sizes: Sequence[int], *, target: float,
+                     delta: float, statistic: str, batch_size: int) -> tuple[float, float]:
+    """z so that the run's mean (or max) per-client record-level epsilon is <= ``target``.
+
+    ``counts`` are each client's planned DP-SGD steps over the whole run (from the seed tree);
+    a client with ``n_i`` records is priced ``steps_i`` uses of PoissonSampled(b/n_i, G(z)).
+    Bisection on log z (the answer is the evaluated safe end)."""
+    if statistic not in ("mean", "max"):
+        raise InvalidParameterError("noise_target", statistic, "mean or max")
+    target = _validate.positive("noise_for_epsilon", target)
+    live = [(int(c), int(n)) for c, n in zip(counts, sizes)]
+
+    def eps_of(z: float) -> float:
+        evs = []
+        for c, n in live:
+            if c == 0:
+                continue
+            q = min(1.0, batch_size / n)
+            inner: Any = privkit.GaussianDpEvent(z)
+            if q < 1:
+                inner = privkit.PoissonSampledDpEvent(q, inner)
+            evs.append(privkit.SelfComposedDpEvent(inner, c))
+        if not evs:
+            return 0.0
+        e = privkit.epsilon_batch(evs, delta)
+        zeros = sum(1 for c, _ in live if c == 0)
+        if statistic == "max":
+            return float(e.max())
+        return float((e.sum()) / (len(e) + zeros))
+
+    lo, hi = 0.3, 1.0
+    while eps_of(hi) > target:
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            raise InvalidParameterError("noise_for_epsilon", target, "reachable")
+    while eps_of(lo) <= target and lo > 1e-3:
+        hi, lo = lo, lo / 2
+    while math.log(hi / lo) > 1e-3:
+        mid = math.sqrt(lo * hi)
+        if eps_of(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi, eps_of(hi)

@@ -1,0 +1,265 @@
+"""Client-level DP-FedAvg and record-level DP-SGD in the synchronous trainers.
+
+The bugs feared most: DP-SGD that clips the batch mean instead of each example (a record's
+influence is then unbounded), a round with no sampled client that skips the noise, charges
+that do not match the steps run, and an epsilon the ledger reports that dp-accounting would
+not reproduce.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting.dp_event import GaussianDpEvent as DpaG
+from dp_accounting.dp_event import PoissonSampledDpEvent as DpaP
+from dp_accounting.dp_event import SelfComposedDpEvent as DpaS
+from dp_accounting.pld import pld_privacy_accountant
+
+import privkit
+from fl_examples.core import dpsgd
+from fl_examples.core.data import parse_dataset_spec
+from fl_examples.core.dp_modes import POPULATION, ClientDpPlan
+from fl_examples.core.dpsgd import DpSgdSettings, local_dpsgd, local_dpsgd_reference
+from fl_examples.core.local import pad_clients
+from fl_examples.core.models import MLP, MultinomialLogReg
+from fl_examples.core.seeds import SeedTree
+from fl_examples.upcycled import UpcycledConfig, run_algorithm
+from fl_examples.upcycled.privacy import planned_steps
+from privkit.cli import main
+from privkit.errors import InvalidParameterError
+from privkit.ledger import Ledger
+
+BASE = dict(dataset="digits:3", local_epochs=1, batch_size=16, lr=0.1, device="cpu",
+            fraction=0.5, stragglers=0.0, seed=3, mu=0.01, lam=0.04)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return parse_dataset_spec("digits:3", seed=3)
+
+
+def _dpa_epsilon(event, delta: float) -> float:
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(event)
+    return acc.get_epsilon(delta)
+
+
+# -- client level ------------------------------------------------------------------------------
+
+def test_poisson_client_rates_match_q():
+    plan = ClientDpPlan(num_clients=200, client_rate=0.05, l2_clip_norm=1.0,
+                        noise_multiplier=1.0)
+    tree = SeedTree(0)
+    counts = np.zeros(200)
+    rounds = 400
+    sizes = []
+    for r in range(1, rounds + 1):
+        sel = plan.select(tree, r)
+        counts[sel] += 1
+        sizes.append(len(sel))
+    # every client independently at rate q: the round sizes are Binomial(200, 0.05)
+    assert abs(np.mean(sizes) - 10) < 4 * math.sqrt(200 * 0.05 * 0.95 / rounds)
+    assert np.var(sizes) == pytest.approx(200 * 0.05 * 0.95, rel=0.25)
+    assert abs(counts.mean() / rounds - 0.05) < 0.003
+    assert 0 in sizes or min(sizes) < 5  # sizes vary: not a fixed-size sample
+
+
+def test_empty_round_still_releases_noise():
+    plan = ClientDpPlan(num_clients=10, client_rate=0.1, l2_clip_norm=1.0, noise_multiplier=1.0)
+    w = {"w": torch.zeros(50), "b": torch.zeros(5)}
+    local = {k: v.unsqueeze(0)[:0] for k, v in w.items()}  # nobody sampled
+    new = plan.release(w, local, {}, torch.Generator().manual_seed(0))
+    # noise of stddev z C / (q N) = 1 per coordinate
+    assert 0.7 < float(new["w"].std()) < 1.3
+
+
+def test_client_event_has_amplification_only_when_sampled():
+    sampled = ClientDpPlan(num_clients=10, client_rate=0.2, l2_clip_norm=1.0,
+                           noise_multiplier=1.3)
+    assert sampled.entries(1) == [(POPULATION, privkit.PoissonSampledDpEvent(
+        0.2, privkit.GaussianDpEvent(1.3)))]
+    full = ClientDpPlan(num_clients=10, client_rate=1.0, l2_clip_norm=1.0, noise_multiplier=1.3)
+    assert full.entries(1) == [(POPULATION, privkit.GaussianDpEvent(1.3))]
+
+
+def test_client_mode_run_charges_each_data_round_and_dp_accounting_agrees(tmp_path, digits):
+    cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_multiplier=0.8,
+                         client_rate=0.4, iterations=7, **BASE)
+    res = run_algorithm("upcycled", cfg, digits, iterations=7, out=tmp_path)
+    p = res["privacy"]
+    assert p["charged_rounds"] == 4  # iterations 1, 3, 5, 7; even ones are free
+    assert p["delta"] == 1e-5
+    assert p["assumptions"][0].startswith("trusted aggregator or secure aggregation")
+    led = Ledger.open(tmp_path / "ledger-upcycled.jsonl")
+    assert led.neighboring_relation == privkit.NeighboringRelation.ADD_OR_REMOVE_ONE
+    theirs = _dpa_epsilon(DpaS(DpaP(0.4, DpaG(0.8)), 4), 1e-5)
+    assert theirs * 0.99 <= p["epsilon_max"] <= theirs * 1.01
+    assert p["per_client"] == [p["epsilon_max"]] * digits.num_clients
+    assert all(math.isfinite(h["test_accuracy"]) for h in res["history"])
+
+
+def test_client_mode_calibrates_to_the_target(digits):
+    cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_for_epsilon=2.0,
+                         client_rate=0.3, iterations=10, **BASE)
+    res = run_algorithm("fedavg", cfg, digits, iterations=10)
+    p = res["privacy"]
+    assert p["epsilon_max"] <= 2.0 and p["epsilon_max"] > 1.9
+    z = res["privacy"]["noise_multiplier"]
+    assert _dpa_epsilon(DpaS(DpaP(0.3, DpaG(z)), 10), 1e-5) == pytest.approx(2.0, rel=0.01)
+
+
+def test_adaptive_clipping_charges_its_count_too(digits):
+    cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_multiplier=1.0,
+                         client_rate=0.5, adaptive_clip=0.5, iterations=3, **BASE)
+    res = run_algorithm("fedprox", cfg, digits, iterations=3)
+    comp = res["privacy"]
+    count_sd = max(0.5 * digits.num_clients / 20, 1e-3)
+    both = privkit.ComposedDpEvent([
+        privkit.SelfComposedDpEvent(privkit.PoissonSampledDpEvent(0.5, privkit.GaussianDpEvent(
+            1.0)), 3),
+        privkit.SelfComposedDpEvent(privkit.PoissonSampledDpEvent(0.5, privkit.GaussianDpEvent(
+            count_sd)), 3)])
+    assert comp["epsilon_max"] == pytest.approx(privkit.epsilon(both, 1e-5).epsilon, rel=1e-6)
+    assert comp["charged_rounds"] == 6
+
+
+# -- record level ------------------------------------------------------------------------------
+
+def _clients(sizes, features=6, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    xs = [rng.normal(size=(n, features)) for n in sizes]
+    ys = [rng.integers(0, classes, size=n) for n in sizes]
+    return pad_clients(xs, ys, dtype=torch.float64), xs, ys
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "mlp"])
+def test_batched_dpsgd_equals_the_per_client_loop(model_name):
+    data, _, _ = _clients([7, 12, 3, 20])
+    model = MultinomialLogReg(6, 3) if model_name == "logreg" else MLP(6, 5, 3)
+    p = model.init(4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    bar = {k: v[0] for k, v in p.items()}
+    s = DpSgdSettings(l2_clip_norm=0.5, noise_multiplier=0.7, batch_size=4)
+    kw = dict(epochs=torch.tensor([2, 1, 3, 0]), settings=s, lr=0.2, momentum=0.5,
+              proximal_mu=0.1)
+    a = local_dpsgd(model, p, bar, data, generator=torch.Generator().manual_seed(5), **kw)
+    b = local_dpsgd_reference(model, p, bar, data, generator=torch.Generator().manual_seed(5),
+                              **kw)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-9, atol=1e-9)
+    for k in a:  # client 3 runs no step
+        torch.testing.assert_close(a[k][3], p[k][3])
+
+
+def _one_step_change(records_x, records_y, lr, clip):
+    """theta after one full-batch (q = 1), almost noiseless DP-SGD step from zero."""
+    data = pad_clients([records_x], [records_y], dtype=torch.float64)
+    model = MultinomialLogReg(records_x.shape[1], 3)
+    init = model.init(1, generator=torch.Generator(), dtype=torch.float64)
+    p = {k: torch.zeros_like(v) for k, v in init.items()}
+    bar = {k: v[0] for k, v in p.items()}
+    s = DpSgdSettings(l2_clip_norm=clip, noise_multiplier=1e-12, batch_size=len(records_y))
+    out = local_dpsgd(model, p, bar, data, epochs=torch.tensor([1]), settings=s, lr=lr,
+                      momentum=0.0, proximal_mu=0.0, generator=torch.Generator().manual_seed(0))
+    return torch.cat([v.reshape(-1) for v in out.values()])
+
+
+def _influence_bounded() -> bool:
+    """Replacing one record by an extreme one moves a step by <= lr 2C / n (per-example clip)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 4)) * 0.01
+    y = rng.integers(0, 3, size=8)
+    lr, clip = 1.0, 0.1
+    base = _one_step_change(x, y, lr, clip)
+    x2 = x.copy()
+    x2[0] = 1e4  # a record with an enormous gradient
+    moved = _one_step_change(x2, y, lr, clip)
+    return float(torch.linalg.vector_norm(moved - base)) <= lr * 2 * clip / len(y) * (1 + 1e-6)
+
+
+def test_per_example_clipping_bounds_each_record():
+    assert _influence_bounded()
+
+
+def test_a_mutant_that_clips_the_batch_mean_fails(monkeypatch):
+    def clip_mean(model, theta, data, rows, weights, settings, expected, noise):
+        k = theta.shape[0]
+        ar = torch.arange(k)[:, None]
+        g = model.per_example_grads(theta, data.x[ar, rows], data.y[ar, rows])
+        g = (g * weights[:, :, None]).sum(1) / weights.sum(1, keepdim=True)  # batch mean
+        norm = torch.linalg.vector_norm(g, dim=1, keepdim=True)
+        g = g * torch.clamp(settings.l2_clip_norm / norm, max=1.0)
+        return (g * weights.sum(1, keepdim=True) + noise) / expected[:, None]
+
+    monkeypatch.setattr(dpsgd, "_noisy_step_grads", clip_mean)
+    assert not _influence_bounded()
+
+
+def test_record_mode_charges_every_step_and_dp_accounting_agrees(tmp_path, digits):
+    cfg = UpcycledConfig(privacy="record", l2_clip_norm=1.0, noise_multiplier=1.1,
+                         iterations=3, **BASE)
+    res = run_algorithm("fedprox", cfg, digits, iterations=3, out=tmp_path)
+    planned = planned_steps("fedprox", cfg, digits, 3)
+    p = res["privacy"]
+    assert p["charged_steps"] == planned
+    assert sum(planned) > 0
+    led = Ledger.open(tmp_path / "ledger-fedprox.jsonl")
+    eps = led.epsilons([str(i) for i in range(digits.num_clients)])
+    for i, steps in enumerate(planned):
+        if steps == 0:
+            assert eps[str(i)] == 0
+            continue
+        q = 16 / int(digits.train_sizes[i])
+        theirs = _dpa_epsilon(DpaS(DpaP(q, DpaG(1.1)), steps), 1e-5)
+        assert theirs * 0.99 <= eps[str(i)] <= theirs * 1.01, i
+    assert p["per_client"] == [eps[str(i)] for i in range(digits.num_clients)]
+    # the ledger's entries name the round's Poisson rate b / n_i of each client
+    lines = [json.loads(x) for x in
+             (tmp_path / "ledger-fedprox.jsonl").read_text().splitlines()[1:]]
+    assert lines and all("round" in x for x in lines)
+
+
+def test_record_mode_needs_per_example_gradients(digits):
+    class NoPerExample:
+        pass
+
+    data, _, _ = _clients([4])
+    with pytest.raises(InvalidParameterError, match="model"):
+        local_dpsgd(NoPerExample(), {"w": torch.zeros(1, 3)}, {"w": torch.zeros(3)}, data,
+                    epochs=torch.tensor([1]), settings=DpSgdSettings(1.0, 1.0, 2), lr=0.1,
+                    momentum=0.0, proximal_mu=0.0, generator=torch.Generator())
+
+
+def test_record_mode_learns_and_resumes_without_double_charging(tmp_path, digits):
+    cfg = UpcycledConfig(privacy="record", l2_clip_norm=1.0, noise_multiplier=1.0,
+                         iterations=4, checkpoint_every=1, **BASE)
+    whole = run_algorithm("fedavg", cfg, digits, iterations=4)
+    run_algorithm("fedavg", cfg, digits, iterations=4, out=tmp_path, stop_after=2)
+    resumed = run_algorithm("fedavg", cfg, digits, iterations=4, out=tmp_path, resume=True)
+    assert resumed["privacy"]["charged_steps"] == whole["privacy"]["charged_steps"]
+    assert resumed["privacy"]["epsilon_max"] == pytest.approx(whole["privacy"]["epsilon_max"])
+    assert resumed["history"][-1]["test_accuracy"] == pytest.approx(
+        whole["history"][-1]["test_accuracy"])
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--privacy", "client", "--client-rate", "0"], "--client-rate"),
+    (["--privacy", "client", "--client-rate", "1.5"], "--client-rate"),
+    (["--privacy", "client", "--clip", "0"], "--clip"),
+    (["--privacy", "record", "--clip", "-1"], "--clip"),
+    (["--privacy", "record", "--noise-multiplier", "nan"], "--noise-multiplier"),
+    (["--privacy", "output", "--client-rate", "0.5"], "--client-rate"),
+])
+def test_cli_bad_flags_name_the_flag(tmp_path, capsys, flags, needle):
+    rc = main(["train", "upcycled", "--dataset", "digits:3", "--iterations", "2",
+               "--out", str(tmp_path / "o"), *flags])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert needle in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o").exists()  # refused before anything is written

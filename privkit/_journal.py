@@ -10,11 +10,15 @@ line an entry, each with ``hash`` = SHA-256 of its canonical JSON without
 (``prev_hash``) and per client (``client_prev_hash``, with ``client_seq``
 counting a client's entries from 0), both from the header's hash. A ``spend``
 entry charges one client; a ``fork`` entry records continuing from an older
-entry (``from_seq``, ``from_hash``). One charge is one batch, written with one
+entry (``from_seq``, ``from_hash``); a ``recover`` entry records an explicit recovery from a
+journal that disagreed with its head record (:mod:`privkit._head`): the head record it
+found (or None), the problem, the reason given and when. One charge is one batch, written with one
 ``os.write`` and one ``os.fsync``, whose entries share ``batch_end`` (the seq
 of its last entry). Unparsable trailing lines and an incomplete final batch
 come from a write whose fsync never returned: they are ignored on load and cut
-off before the next append.
+off before the next append. After every batch the head record beside the journal is
+replaced (:mod:`privkit._head`), so a journal that lost committed entries is told apart from
+one cut by a crash.
 
 Example:
     >>> canonical_json({"b": 1, "a": ["é", 0.5]})
@@ -33,7 +37,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeGuard
 
-from privkit import _validate
+from privkit import _head, _validate
 from privkit.accountants.accountant import Method
 from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError, LedgerCorruptError, LedgerError
@@ -47,6 +51,8 @@ _SPEND_KEYS = frozenset({
     "hash", "kind", "label", "meta", "prev_hash", "round", "run_id", "seq", "step"})
 _FORK_KEYS = frozenset(
     {"batch_end", "from_hash", "from_seq", "hash", "kind", "prev_hash", "run_id", "seq"})
+_RECOVER_KEYS = frozenset(
+    {"at", "batch_end", "hash", "head_record", "kind", "prev_hash", "problem", "reason", "seq"})
 
 
 # ------------------------------------------------------- values and hashes
@@ -184,6 +190,17 @@ def spend_fields(label: Any, meta: Any, round_: Any, step: Any, run_id: Any) -> 
             "run_id": canonical_json(optional("run_id", run_id, str))}
 
 
+def _recover_fields_ok(e: Mapping[str, Any]) -> bool:
+    """Types of a recover entry's own fields."""
+    record = e["head_record"]
+    return (isinstance(e["problem"], str) and isinstance(e["reason"], str) and bool(e["reason"])
+            and _is_str_or_none(e["at"])
+            and (record is None or (isinstance(record, dict)
+                                    and set(record) == {"hash", "seq", "size"}
+                                    and is_int(record["seq"]) and is_int(record["size"])
+                                    and isinstance(record["hash"], str))))
+
+
 def _spend_fields_ok(e: Mapping[str, Any]) -> bool:
     """Types and ranges of a spend entry's own fields (not its chain links)."""
     eps = e["eps_after"]
@@ -225,14 +242,6 @@ def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, s
 
 
 # ------------------------------------------------------------------- files
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -262,27 +271,55 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    _head.fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def create_file(path: str, header: Mapping[str, Any]) -> int:
+def create_file(path: str, header: Mapping[str, Any], key: bytes | None = None) -> int:
     """Create the journal ``path`` holding the (hashed) ``header`` whole; return its size.
 
+    The head record (seq -1) is written first and the journal linked into place after it,
+    so a crash leaves either no journal or a journal with its head record. Creation in one
+    directory is serialised by a lock on the directory.
+
     Raises:
-        LedgerError: ``path`` exists (it is never clobbered).
+        LedgerError: ``path`` exists (it is never clobbered), or it does not but a head
+            record says entries of it were committed (the journal was deleted or moved).
     """
     data = (canonical_json(header) + "\n").encode("utf-8")
+    head_file = _head.head_path(path)
+    directory = os.path.dirname(os.path.abspath(path))
     tmp = _durable_temp(path, data)
     try:
-        os.link(tmp, path)  # atomic, never clobbers (needs a POSIX file system)
-    except FileExistsError:
-        raise LedgerError(f"ledger {path!r} already exists; use Ledger.open to continue it "
-                          "(spend is never reset)") from None
+        with _head.dir_lock(directory):
+            if os.path.lexists(path):
+                raise _exists(path)
+            try:
+                old = _head.read_head(head_file)
+            except _head.HeadUnreadable as exc:
+                raise LedgerError(f"{path}: cannot create the ledger: {exc}; remove "
+                                  f"{head_file} to start a new ledger deliberately") from None
+            if old is not None and old.seq >= 0:
+                raise LedgerError(
+                    f"{path} is missing but its head record {head_file} says entries up to "
+                    f"seq {old.seq} were committed: the journal was deleted or moved; restore "
+                    f"it (spend is never reset), or remove {head_file} too to start a new "
+                    "ledger deliberately")
+            _head.write_head(head_file, _head.Head(-1, header["hash"], len(data),
+                                                   header["hash"]), key)
+            try:
+                os.link(tmp, path)  # atomic, never clobbers (needs a POSIX file system)
+            except FileExistsError:
+                raise _exists(path) from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    _head.fsync_dir(directory)
     return len(data)
+
+
+def _exists(path: str) -> LedgerError:
+    return LedgerError(f"ledger {path!r} already exists; use Ledger.open to continue it "
+                       "(spend is never reset)")
 
 
 # ----------------------------------------------------------------- journal
@@ -294,9 +331,13 @@ class Journal:
     batches durably. Not thread-safe: the ledger serialises calls.
     """
 
-    def __init__(self, header_hash: str, path: str | None, size: int = 0) -> None:
-        """``size``: bytes of the file already read or written (the header line)."""
+    def __init__(self, header_hash: str, path: str | None, size: int = 0,
+                 key: bytes | None = None) -> None:
+        """``size``: bytes of the file already read or written (the header line); ``key``:
+        the ledger key that authenticates the head record (None: none)."""
         self.path = path
+        self.head_file = None if path is None else _head.head_path(path)
+        self._key = key
         self.header_hash = header_hash
         self.head_seq, self.head_hash = -1, header_hash
         self._new_link = (0, header_hash)
@@ -305,6 +346,9 @@ class Journal:
         self._links: dict[str, tuple[int, str]] = {}
         self._valid_size = self._known_size = size
         self._broken: str | None = None
+        #: bytes of the journal through the batch that ends at the seq :meth:`load` was asked
+        #: to mark (None: no batch ends there)
+        self.marked_size: int | None = None
 
     def hash_at(self, seq: int) -> str:
         """The hash of entry ``seq`` (-1: the header); ``-1 <= seq <= head_seq``."""
@@ -312,17 +356,21 @@ class Journal:
 
     # ----------------------------------------------------------- reading
     def load(self, lines: Iterable[bytes],
-             on_spend: Callable[[dict[str, Any], int], None]) -> int:
+             on_spend: Callable[[dict[str, Any], int], None], mark: int | None = None) -> int:
         """Verify the entries after the header; return the bytes of a torn tail ignored.
 
         Each line's hash, seq and batch_end is checked as it is read; once a
         batch is complete, each of its entries is checked against the chains
         and, if a spend, passed to ``on_spend(entry, lineno)``, in order.
+        :attr:`marked_size` is set to the journal's length through the batch
+        that ends at seq ``mark`` (-1: the header alone).
 
         Raises:
             LedgerCorruptError: a malformed, edited or missing entry (names the line).
         """
         offset = committed = self._valid_size
+        if mark == self.head_seq:
+            self.marked_size = committed
         pending: list[tuple[dict[str, Any], int]] = []  # the batch being read
         bad_line = 0
         for lineno, line in enumerate(lines, start=2):
@@ -349,6 +397,8 @@ class Journal:
                 for e, n in pending:
                     self._chain(e, n, on_spend)
                 pending, committed = [], offset
+                if seq == mark:
+                    self.marked_size = committed
         self._valid_size, self._known_size = committed, offset
         return offset - committed
 
@@ -377,6 +427,9 @@ class Journal:
             if not (is_int(src) and -1 <= src < e["seq"] == e["batch_end"]
                     and self.hash_at(src) == e["from_hash"] and _is_str_or_none(e["run_id"])):
                 raise corrupt(self.path, lineno, "fork entry does not point at an earlier entry")
+        elif kind == "recover" and set(e) == _RECOVER_KEYS:
+            if not (e["seq"] == e["batch_end"] and _recover_fields_ok(e)):
+                raise corrupt(self.path, lineno, "a recover entry's field has the wrong type")
         else:
             raise corrupt(self.path, lineno, f"unknown entry kind {kind!r} or fields {sorted(e)}")
         self._extend([e["hash"]])
@@ -401,6 +454,38 @@ class Journal:
                                strict=True))
         return hashes
 
+    def append_recover(self, problem: str, found: _head.Head | None, reason: str,
+                       at: str | None) -> None:
+        """Durably append a ``recover`` entry (then the head record moves to it)."""
+        seq = self.head_seq + 1
+        record = None if found is None else {"hash": found.hash, "seq": found.seq,
+                                             "size": found.size}
+        entry: dict[str, Any] = {
+            "at": at, "batch_end": seq, "head_record": record, "kind": "recover",
+            "prev_hash": self.head_hash, "problem": problem, "reason": reason, "seq": seq}
+        entry["hash"] = hash_hex(entry)
+        self._append((canonical_json(entry) + "\n").encode("utf-8"), [entry["hash"]])
+
+    def write_head(self) -> None:
+        """Replace the head record by the journal's current head (under the journal's lock;
+        skipped when the file changed since it was read: its writer moves the head itself).
+
+        Raises:
+            OSError: the head record cannot be written.
+        """
+        assert self.path is not None and self.head_file is not None
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+            if os.fstat(fd).st_size != self._known_size:
+                return
+            _head.write_head(self.head_file, self._head_record(), self._key)
+        finally:
+            os.close(fd)
+
+    def _head_record(self) -> _head.Head:
+        return _head.Head(self.head_seq, self.head_hash, self._valid_size, self.header_hash)
+
     def append_fork(self, from_seq: int, from_hash: str, run_id: str | None) -> None:
         """Durably append a fork entry continuing from entry ``from_seq``."""
         seq = self.head_seq + 1
@@ -412,15 +497,16 @@ class Journal:
 
     def _append(self, data: bytes, hashes: list[str]) -> None:
         if self.path is not None:
-            self._write(self.path, data)
+            self._write(self.path, data, self.head_seq + len(hashes), hashes[-1])
         self._extend(hashes)
 
     def _extend(self, hashes: list[str]) -> None:
         self.head_seq, self.head_hash = self.head_seq + len(hashes), hashes[-1]
         self._digests += bytes.fromhex("".join(hashes))
 
-    def _write(self, path: str, data: bytes) -> None:
-        """One write and fsync at the end of ``path`` (cutting off a torn tail first)."""
+    def _write(self, path: str, data: bytes, seq: int, last_hash: str) -> None:
+        """One write and fsync at the end of ``path`` (cutting off a torn tail first), then
+        the head record moved to ``seq`` (``last_hash``), all under the journal's lock."""
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
@@ -441,6 +527,18 @@ class Journal:
                 except OSError:
                     self._broken = repr(exc)
                 raise
+            self._valid_size = self._known_size = self._valid_size + len(data)
+            assert self.head_file is not None
+            head = _head.Head(seq, last_hash, self._valid_size, self.header_hash)
+            try:
+                _head.write_head(self.head_file, head, self._key)
+            except OSError as exc:
+                # The batch is durable: the journal is one batch ahead of its head record,
+                # which the next open accepts and repairs. Refuse to go on until then.
+                self._broken = f"head record not updated: {exc!r}"
+                raise LedgerError(
+                    f"{path}: the charge is durable in the journal but its head record "
+                    f"{self.head_file} could not be updated ({exc.strerror or exc}); reopen "
+                    "the ledger") from exc
         finally:
             os.close(fd)
-        self._valid_size = self._known_size = self._valid_size + len(data)

@@ -20,6 +20,7 @@ __all__ = [
     "LedgerCorruptError",
     "LedgerMismatchError",
     "LedgerRollbackError",
+    "LedgerHeadError",
 ]
 
 
@@ -70,3 +71,18 @@ class LedgerMismatchError(LedgerError):
 
 class LedgerRollbackError(LedgerError):
     """Loading would forget spend recorded after the state being loaded."""
+
+
+class LedgerHeadError(LedgerRollbackError):
+    """A ledger journal disagrees with its head record: it is behind it (committed entries
+    were lost: a deleted batch, a cut, an older copy), was rewritten, or the record is
+    missing, unreadable or not authenticated by the ledger key.
+
+    ``kind`` is the short code of the problem (see :class:`privkit._head.Problem`) and
+    ``path`` the journal. ``Ledger.recover`` (``privkit ledger recover``) continues from the
+    journal as it is and records that it did.
+    """
+
+    def __init__(self, message: str, *, kind: str, path: str) -> None:
+        self.kind, self.path = kind, path
+        super().__init__(message)

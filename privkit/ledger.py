@@ -8,7 +8,12 @@ header's accountant; each entry's ``eps_after`` is only a cache.
 
 The journal (format ``privkit.ledger/1``) is written one fsynced batch per
 charge and verified when reopened; :mod:`privkit._journal` describes the format
-and does the file I/O, this module the accounting.
+and does the file I/O, this module the accounting. After every batch a head
+record beside the journal (``<journal>.head``, :mod:`privkit._head`) records the
+last committed entry, optionally authenticated with a ledger key, so that a
+journal that lost committed entries (rolled back to an older copy, cut short)
+is refused on open; :meth:`Ledger.recover` continues from such a journal
+explicitly and records that it did.
 
 Example:
     >>> from privkit.events import GaussianDpEvent
@@ -34,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from privkit import _journal, _validate
+from privkit import _head, _journal, _reopen, _validate
 from privkit._dpa import dp_event
 from privkit._journal import SCHEMA, atomic_write_bytes, canonical_json, is_int, optional
 from privkit.accountants.accountant import Method, epsilon_batch_compositions
@@ -170,7 +175,8 @@ class Ledger:
     (another writer) is refused.
     """
 
-    def __init__(self, header: Mapping[str, Any], path: str | None, size: int = 0) -> None:
+    def __init__(self, header: Mapping[str, Any], path: str | None, size: int = 0,
+                 key: bytes | None = None) -> None:
         """Use :meth:`create` or :meth:`open`; ``header`` is trusted here."""
         self.population_id: str = header["population_id"]
         self.delta = float(header["delta"])
@@ -179,7 +185,7 @@ class Ledger:
         self.method = Method.parse(header["method"])
         self.neighboring_relation = NeighboringRelation[header["neighboring_relation"]]
         self.created: str | None = header["created"]
-        self._journal = _journal.Journal(header["hash"], path, size)  # chains and file
+        self._journal = _journal.Journal(header["hash"], path, size, key)  # chains and file
         # per client (by index): composition state id, cached eps_after
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
@@ -195,6 +201,8 @@ class Ledger:
         self._lock = threading.Lock()
         self.discarded_bytes = 0
         """Bytes of an unfinished final write that :meth:`open` ignored."""
+        self.head_note: str | None = None
+        """What :meth:`open` or :meth:`recover` did to the head record (None: nothing)."""
 
     @classmethod
     def create(
@@ -207,6 +215,7 @@ class Ledger:
         method: Method | str = Method.AUTO,
         neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE,
         created: str | None = None,
+        key: bytes | str | None = None,
     ) -> Ledger:
         """Start the ledger of a new population.
 
@@ -221,10 +230,14 @@ class Ledger:
                 ``SOURCE_DATE_EPOCH`` environment variable if it is set, the
                 reproducible-builds convention, else now; UTC); fix it for
                 byte-identical ledgers across runs.
+            key: the ledger key that authenticates the head record (HMAC-SHA256; at least
+                16 bytes); None: the ``PRIVKIT_LEDGER_KEY`` environment variable (the key
+                text) or ``PRIVKIT_LEDGER_KEY_FILE`` (a file holding it), else no key.
 
         Raises:
             InvalidParameterError: a bad argument (named in the message).
-            LedgerError: ``path`` already exists.
+            LedgerError: ``path`` already exists, or its head record says a journal of
+                that name held entries (it was deleted: spend is never reset).
         """
         if created is None:
             created = _now_iso()
@@ -234,22 +247,67 @@ class Ledger:
         if path is None:
             return cls(header, None)
         path = os.fspath(path)
-        return cls(header, path, _journal.create_file(path, header))
+        k = _head.load_key(key)
+        return cls(header, path, _journal.create_file(path, header, k), k)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Ledger:
-        """Reopen a journal, verifying schema, hash chains, sequence numbers and events.
+    def open(cls, path: str | os.PathLike[str], *, key: bytes | str | None = None) -> Ledger:
+        """Reopen a journal, verifying schema, hash chains, sequence numbers, events and the
+        head record.
+
+        The journal must hold every entry its head record says was committed. It may hold a
+        batch more (a crash between the journal's fsync and the head record's): the head
+        record is then moved forward. A ledger without a head record (written before privkit
+        kept one) opens, and its head record is created (logged; :attr:`head_note` says so),
+        unless a key is set.
+
+        Args:
+            path: the journal.
+            key: the ledger key (see :meth:`create`); None: from the environment, if set.
 
         Raises:
             LedgerCorruptError: a malformed, edited or missing entry (the message
                 names the line), or an unknown or newer schema.
+            LedgerHeadError: the journal is behind its head record, was rewritten, or the
+                record is unreadable, missing (with a key) or not authenticated by the key.
+            LedgerError: there is no journal at ``path``.
         """
-        path = os.fspath(path)
-        with open(path, "rb") as f:
-            first = f.readline()
-            header = _journal.check_header(_journal.parse_line(first), path)
-            ledger = cls(header, path, len(first))
-            ledger.discarded_bytes = ledger._journal.load(f, ledger._replay)
+        ledger, problem, head = _reopen.read(cls, path, key)
+        if problem is not None:
+            raise _reopen.refusal(problem, str(ledger.path))
+        _reopen.settle(ledger, head)
+        return ledger
+
+    @classmethod
+    def recover(cls, path: str | os.PathLike[str], *, reason: str,
+                key: bytes | str | None = None) -> Ledger:
+        """Continue a journal that disagrees with its head record, as it is, and say so.
+
+        The lost entries cannot be restored: epsilons after a recovery count only what the
+        journal holds. A ``recover`` entry (the problem, the head record found, ``reason``
+        and the time) is appended and the head record moved to it, both durably; a warning
+        is logged (logger ``privkit.ledger``). Use it when the loss is known and accepted,
+        e.g. a restore from backup after a disk failure.
+
+        Raises:
+            InvalidParameterError: ``reason`` is not a non-empty string.
+            LedgerError: there is nothing to recover (the journal agrees with its head
+                record), or no journal at ``path``.
+            LedgerCorruptError: the journal itself is damaged (recovery does not mend it).
+        """
+        if not (isinstance(reason, str) and reason.strip()):
+            raise InvalidParameterError("reason", reason, "a non-empty string")
+        ledger, problem, head = _reopen.read(cls, path, key)
+        if problem is None:
+            raise LedgerError(f"{ledger.path}: nothing to recover: the journal agrees with its "
+                              "head record")
+        with ledger._lock:
+            ledger._journal.check_usable()
+            ledger._journal.append_recover(problem.kind, head, reason, _now_iso())
+        ledger.head_note = (f"recovered ({problem.kind}): {problem.message}; continued from "
+                            f"the journal as it is (recover entry seq {ledger.head().seq}, "
+                            f"reason {reason!r})")
+        _reopen.log.warning("%s: %s", ledger.path, ledger.head_note)
         return ledger
 
     def _replay(self, e: dict[str, Any], lineno: int) -> None:

@@ -22,6 +22,7 @@ from privkit.errors import (
     InvalidParameterError,
     LedgerCorruptError,
     LedgerError,
+    LedgerHeadError,
     LedgerMismatchError,
     LedgerRollbackError,
 )
@@ -59,6 +60,18 @@ def canonical(d):
 def rehash(d):
     body = {k: v for k, v in d.items() if k != "hash"}
     return dict(body, hash=hashlib.sha256(canonical(body).encode()).hexdigest())
+
+
+def forge_head(path, key=None):
+    """Rewrite the head record to match the journal as it is now (what anyone with write
+    access can do; with ``key``, only a key holder)."""
+    from privkit import _head
+
+    data = Path(path).read_bytes()
+    header, *entries = [json.loads(x) for x in data.splitlines()]
+    last = entries[-1] if entries else header
+    _head.write_head(str(path) + ".head", _head.Head(
+        len(entries) - 1, last["hash"], len(data), header["hash"]), key)
 
 
 # ------------------------------------------------------------------ budget
@@ -221,6 +234,9 @@ def test_replay_not_cache_is_the_authority(tmp_path):
         prev = client_prev[e["client_id"]] = e["hash"]
         out.append(e)
     path.write_text("".join(canonical(e) + "\n" for e in out), encoding="utf-8")
+    with pytest.raises(LedgerHeadError, match="entry 2 has hash .* the journal was rewritten"):
+        Ledger.open(path)  # the head record still names the real entry 2
+    forge_head(path)  # without a ledger key, a forger can rewrite the head record too
     forged = Ledger.open(path)
     assert forged.epsilons() == pytest.approx({"a": eps_k(2), "b": eps_k(1)}, rel=1e-12)
     assert set(forged.stale_eps_after()) == {"a", "b"} and led.stale_eps_after() == {}
@@ -297,9 +313,13 @@ def test_incomplete_final_batch_is_discarded(tmp_path):
     led = new(path)
     led.spend("a", GaussianDpEvent(Z), label="upd")
     good, before = path.read_bytes(), led.epsilons()
+    head = Path(str(path) + ".head").read_bytes()
     led.spend(["a", "b", "c"], GaussianDpEvent(Z), label="upd")
     first_of_batch = lines(path)[2]
     path.write_bytes(good + first_of_batch)  # whole lines, but the batch never completed
+    with pytest.raises(LedgerHeadError, match="3 entries are missing"):
+        Ledger.open(path)  # the batch had been committed: cutting it is tail loss
+    Path(str(path) + ".head").write_bytes(head)  # a crash: the head record never moved
     again = Ledger.open(path)
     assert again.epsilons() == before and again.discarded_bytes == len(first_of_batch)
     again.spend("b", GaussianDpEvent(Z), label="upd")

@@ -1,6 +1,9 @@
-"""The ``privkit`` command line: epsilon, calibrate, midp, demo, audit (and train, report).
+"""The ``privkit`` command line: epsilon, calibrate, midp, demo, audit, ledger (and train,
+report).
 
-Errors in arguments print one line naming the argument and exit with status 2.
+Errors in arguments print one line naming the argument (by the flag typed: ``--sigma``, not
+the parameter it sets) and exit with status 2; so do data errors and operating-system errors
+(an unwritable ``--out``, a missing file: the line names the path).
 With ``--json`` stdout is exactly one JSON object. ``privkit audit`` exits with
 status 0 when the audit passed and 1 when it found a violation.
 
@@ -47,6 +50,33 @@ _PLUGIN_COMMANDS = {"train": "run a bundled FL trainer", "report": "summaries ac
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Also record, as ``_flags``, the options of the innermost (sub)command parsed: dest
+        -> the flag (errors name the flag the user typed)."""
+        ns, rest = super().parse_known_args(args, namespace)
+        if "_flags" not in vars(ns):
+            ns._flags = {a.dest: max(a.option_strings, key=len) for a in self._actions
+                         if a.option_strings and a.dest != "help"}
+        return ns, rest
+
+
+def error_line(exc: BaseException, args: argparse.Namespace | None = None) -> str:
+    """The one line a command prints for ``exc``: a bad parameter named by its flag (through
+    ``args._flags`` and, for parameters named otherwise than their flag, ``args._aliases``),
+    an operating-system error with its path."""
+    if isinstance(exc, InvalidParameterError):
+        flags, aliases = getattr(args, "_flags", {}), getattr(args, "_aliases", {})
+        flag = flags.get(aliases.get(exc.name, exc.name))
+        if flag is not None:
+            return f"{flag} must be {exc.requirement}, got {exc.value!r}"
+    if isinstance(exc, OSError):
+        what = exc.strerror or str(exc) or type(exc).__name__
+        where = exc.filename if exc.filename is not None else None
+        if where is not None and exc.filename2 is not None:
+            where = f"{where} -> {exc.filename2}"
+        return f"{where}: {what}" if where is not None else what
+    return " ".join(str(exc).split("\n"))
 
 
 def _number(text: str) -> float:
@@ -157,6 +187,7 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
                     help="integer seed for a reproducible run (default: fresh entropy)")
     au.add_argument("--json", action="store_true", help="print one JSON object")
     _add_midp_parser(sub)
+    _add_ledger_parser(sub)
     return p
 
 
@@ -354,6 +385,61 @@ def _cmd_midp(a: argparse.Namespace) -> None:
     _emit(out, a.json, text)
 
 
+# ---------------------------------------------------------------- privkit ledger
+def _add_ledger_parser(sub: Any) -> None:
+    """``privkit ledger verify`` and ``privkit ledger recover``."""
+    le = sub.add_parser("ledger", help="verify a ledger journal, or recover one that lost "
+                        "committed entries")
+    le_sub = le.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    v = le_sub.add_parser(
+        "verify", help="open (verify chains and head record) and summarise",
+        description="Open a ledger journal: every hash chain, sequence number and event is "
+        "verified, and the journal must hold every entry its head record (PATH.head) says was "
+        "committed. Exit status 0 if it opens, 2 if not. Set PRIVKIT_LEDGER_KEY or "
+        "PRIVKIT_LEDGER_KEY_FILE for a ledger whose head record is authenticated.")
+    v.add_argument("path", metavar="PATH", help="the journal (e.g. OUT/ledger-upcycled.jsonl)")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    r = le_sub.add_parser(
+        "recover", help="continue a journal that disagrees with its head record, as it is",
+        description="For a journal that is behind its head record (entries lost by a restore "
+        "from backup, a cut, a deleted batch) or disagrees with it otherwise: continue from "
+        "the journal as it is. The lost spend is not restored; a recover entry (the problem, "
+        "the head record found, the reason, the time) is appended and the head record moved "
+        "to it. Refused when there is nothing to recover.")
+    r.add_argument("path", metavar="PATH", help="the journal")
+    r.add_argument("--accept-rollback", action="store_true",
+                   help="required: accept that the spend the journal lost is forgotten")
+    r.add_argument("--reason", default="accepted with privkit ledger recover --accept-rollback",
+                   help="why (recorded in the recover entry)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _cmd_ledger(a: argparse.Namespace) -> None:
+    from privkit.ledger import Ledger
+
+    if a.action == "recover":
+        if not a.accept_rollback:
+            raise InvalidParameterError(
+                "accept_rollback", False, "given: recovery continues from the journal as it "
+                "is and forgets the spend its head record says was committed")
+        led = Ledger.recover(a.path, reason=a.reason)
+    else:
+        led = Ledger.open(a.path)
+    rep = led.report()
+    head = led.head()
+    out = {"path": led.path, "population_id": led.population_id, "head_seq": head.seq,
+           "head_hash": head.hash, "clients": len(rep.client_ids), "epsilon_max": rep.max,
+           "epsilon_mean": rep.mean, "delta": led.delta, "method": led.method.value,
+           "epsilon_budget": led.epsilon_budget, "discarded_bytes": led.discarded_bytes,
+           "head_note": led.head_note}
+    verb = "recovered" if a.action == "recover" else "verified"
+    text = (f"{led.path}: {verb}: head seq {head.seq} ({head.hash[:12]}...), "
+            f"{len(rep.client_ids)} clients, epsilon max {rep.max:.6g} mean {rep.mean:.6g} at "
+            f"delta={led.delta:g} [{led.method.value}]"
+            + (f"\n  {led.head_note}" if led.head_note else ""))
+    _emit(out, a.json, text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``privkit`` command.
 
@@ -375,13 +461,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = _cmd_demo(args, plugins)
         else:
             handlers = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate,
-                        "audit": _cmd_audit, "midp": _cmd_midp}
+                        "audit": _cmd_audit, "midp": _cmd_midp, "ledger": _cmd_ledger}
             code = handlers[args.command](args)
-    except PrivkitError as exc:
-        print(f"privkit: error: {exc}", file=sys.stderr)
+    except (PrivkitError, OSError) as exc:  # bad input, data or path: one line naming it
+        print(f"privkit: error: {error_line(exc, args)}", file=sys.stderr)
         return 2
     except FloatingPointError as exc:  # a trainer diverged: a run failure, not a bad argument
-        print(f"privkit: error: {exc}", file=sys.stderr)
+        print(f"privkit: error: {error_line(exc)}", file=sys.stderr)
         return 1
     return code or 0
 

@@ -47,10 +47,10 @@ def test_text_and_bits(capsys):
 
 
 @pytest.mark.parametrize("extra,name", [
-    (["--rows", "0"], "rows"), (["--noise-stddev", "-1"], "noise_stddev"),
-    (["--noise-stddev", "nan"], "noise_stddev"), (["--dim", "2.5"], "dim"),
-    (["--label-norm-bound", "2"], "label_norm_bound"),
-    (["--label-dim", "3", "--label-kind", "continuous"], "label_norm_bound"),
+    (["--rows", "0"], "--rows"), (["--noise-stddev", "-1"], "--noise-stddev"),
+    (["--noise-stddev", "nan"], "--noise-stddev"), (["--dim", "2.5"], "--dim"),
+    (["--label-norm-bound", "2"], "--label-norm-bound"),
+    (["--label-dim", "3", "--label-kind", "continuous"], "--label-norm-bound"),
 ])
 def test_bad_input_one_line_exit_2(extra, name, capsys):
     code, out, err = run([*BASE, *extra], capsys)

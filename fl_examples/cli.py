@@ -5,6 +5,11 @@ entry-point group ``privkit.commands`` (``train = "fl_examples.cli:TRAIN"``, ...
 CLI loads them by name when it builds its parser, so the import arrow points from the trainers
 down to the library. Each entry point is a :class:`Command`. Building the parser stays fast:
 nothing here imports torch or a trainer until a command runs.
+
+Every ``train`` command also gets ``--threads``, ``--overwrite`` and ``--max-loss-factor``, and
+:func:`run_train` treats ``--out`` the same way for all of them before the trainer starts
+(:func:`fl_examples.core.outdir.prepare_out`: writable, new or empty unless ``--resume`` or
+``--overwrite``; a run that fails before charging anything leaves it as it was).
 """
 
 from __future__ import annotations
@@ -21,6 +26,19 @@ __all__ = ["Command", "TRAIN", "REPORT", "DEMO", "DEFAULT_THREADS", "add_train_p
 
 DEFAULT_THREADS = 1
 """torch CPU threads of every ``privkit train`` command unless ``--threads`` says otherwise."""
+
+#: Per trainer: configuration parameters named otherwise than the flag that sets them
+#: (parameter -> the flag's dest), so that an error names the flag the user typed.
+PARAMETER_FLAGS: dict[str, dict[str, str]] = {
+    "upcycled": {"local_epochs": "epochs", "l2_clip_norm": "clip", "stddev": "sigma"},
+    "mapa": {"compute_time_s": "compute_time", "link_time_s": "link_time",
+             "cloud_time_s": "cloud_time"},
+    "scfl": {"stddev": "noise_stddev", "label_stddev": "label_noise_stddev",
+             "label_l2_bound": "label_norm_bound", "num_coded_rows": "coded_rows",
+             "server_batch_size": "server_batch", "client_batch_size": "client_batch",
+             "local_epochs": "epochs"},
+    "dprec": {"local_epochs": "epochs"},
+}
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,16 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                        help=f"CPU threads for torch during the run (default {DEFAULT_THREADS}: "
                             "the bundled models are small, and on a busy machine more threads "
                             "only contend; N > 1 raises it)")
-        p.set_defaults(_train_command=module.run)
+        p.add_argument("--overwrite", action="store_true",
+                       help="start over in a non-empty OUT: its ledgers (named on stderr), "
+                            "checkpoints and report are removed and the run starts new "
+                            "ledgers (without it a new run needs a new or empty OUT)")
+        p.add_argument("--max-loss-factor", type=float, default=None,
+                       help="stop with exit status 1 when the training loss exceeds this "
+                            "many times its first evaluated value (default "
+                            "100; inf: only a non-finite loss stops the run)")
+        p.set_defaults(_train_command=module.run,
+                       _aliases=PARAMETER_FLAGS.get(module.NAME, {}))
 
 
 def set_threads(threads: float | None) -> int | None:
@@ -82,13 +109,27 @@ def set_threads(threads: float | None) -> int | None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Run the ``train`` command chosen on the command line (threads restored afterwards)."""
-    before = set_threads(args.threads)
-    try:
-        return int(args._train_command(args) or 0)
-    finally:
-        if before is not None:
-            set_threads(before)
+    """Run the ``train`` command chosen on the command line (threads restored afterwards).
+
+    ``--out`` is checked first (:func:`~fl_examples.core.outdir.prepare_out`), before any data
+    is read or anything is charged; what ``--overwrite`` removed is said on stderr.
+    """
+    from fl_examples.core import outdir
+    from fl_examples.core.run import DEFAULT_MAX_LOSS_FACTOR, max_loss_factor
+
+    factor = getattr(args, "max_loss_factor", None)
+    with max_loss_factor(DEFAULT_MAX_LOSS_FACTOR if factor is None else factor):
+        prepared = outdir.prepare_out(args.out, resume=bool(getattr(args, "resume", False)),
+                                      overwrite=bool(getattr(args, "overwrite", False)))
+        for note in prepared.notes if prepared is not None else ():
+            print(f"privkit: {note}", file=sys.stderr)
+        before = set_threads(args.threads)
+        try:
+            with outdir.failure_cleanup(prepared):
+                return int(args._train_command(args) or 0)
+        finally:
+            if before is not None:
+                set_threads(before)
 
 
 def demo_trainers(out: str) -> None:

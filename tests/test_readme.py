@@ -26,15 +26,20 @@ def test_python_block_runs(name, code, tmp_path, monkeypatch):
     exec(compile(code, name, "exec"), {"__name__": "__readme__"})
 
 
-CLI_LINES = [(n, line[2:].split()[1:]) for n, code in blocks("console")
-             for line in code.splitlines() if line.startswith("$ privkit ")]
+#: Each console block's ``$ privkit`` lines, in order: one shell session (a ``--resume``
+#: line continues the run of the line before it).
+CLI_BLOCKS = [(n, [line[2:].split()[1:] for line in code.splitlines()
+                   if line.startswith("$ privkit ")]) for n, code in blocks("console")]
+CLI_BLOCKS = [(n, lines) for n, lines in CLI_BLOCKS if lines]
+CLI_LINES = [(n, argv) for n, lines in CLI_BLOCKS for argv in lines]
 
 
-@pytest.mark.parametrize("name,argv", CLI_LINES, ids=lambda x: x if isinstance(x, str) else "")
-def test_cli_line_runs(name, argv, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # e.g. --out runs/...
-    assert main(argv) == 0
-    assert capsys.readouterr().out.strip()
+@pytest.mark.parametrize("name,lines", CLI_BLOCKS, ids=lambda x: x if isinstance(x, str) else "")
+def test_cli_lines_run(name, lines, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # e.g. --out runs/...; the lines of a block share it
+    for argv in lines:
+        assert main(argv) == 0, argv
+        assert capsys.readouterr().out.strip()
 
 
 def test_there_are_examples():

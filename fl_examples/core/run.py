@@ -25,17 +25,24 @@ answers a small protocol:
 
 :func:`drive` is the loop they share: restore or adopt on resume, evaluate every
 ``eval_every`` steps and at the end, checkpoint every ``checkpoint_every`` steps, stop early
-for tests. :func:`open_ledger` opens the run's ledger in the output directory (never reset)
-and :func:`adopt_round_charges` is the adoption rule of trainers that charge round by round.
+for tests, and stop a diverging run (:class:`TrainingDivergedError`: the training loss is not
+finite, or more than :func:`max_loss_factor` times its first evaluated value; the CLI's
+``--max-loss-factor``, default :data:`DEFAULT_MAX_LOSS_FACTOR`). :func:`open_ledger` opens
+the run's ledger in the output directory (never reset) and :func:`adopt_round_charges` is the
+adoption rule of trainers that charge round by round; :mod:`fl_examples.core.outdir` checks
+the output directory before a run starts.
 The checkpoint files themselves are :mod:`fl_examples.core.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
 import enum
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,7 +54,61 @@ from privkit.errors import InvalidParameterError, LedgerRollbackError
 from privkit.ledger import Ledger, LedgerPointer
 
 __all__ = ["TrainerRun", "drive", "open_ledger", "ledger_path", "checkpoint_dir",
-           "adopt_round_charges", "check_shared_settings"]
+           "adopt_round_charges", "check_shared_settings", "TrainingDivergedError",
+           "DEFAULT_MAX_LOSS_FACTOR", "max_loss_factor"]
+
+DEFAULT_MAX_LOSS_FACTOR = 100.0
+"""A run stops when its training loss exceeds this many times its first evaluated value."""
+_MAX_LOSS_FACTOR: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "max_loss_factor", default=DEFAULT_MAX_LOSS_FACTOR)
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The training loss became non-finite (or the model did), or it grew past the allowed
+    factor of its first evaluated value: the run stops (the CLI exits with status 1)."""
+
+
+@contextlib.contextmanager
+def max_loss_factor(factor: float) -> Iterator[float]:
+    """Within the block, :func:`drive` stops a run whose training loss exceeds ``factor``
+    times its first evaluated value (``>= 1``; ``inf``: only a non-finite loss stops it).
+
+    Example:
+        >>> with max_loss_factor(float("inf")) as f:
+        ...     f
+        inf
+    """
+    x = _validate.real("max_loss_factor", factor)
+    if not x >= 1:
+        raise InvalidParameterError("max_loss_factor", factor, ">= 1 (inf: no limit)")
+    token = _MAX_LOSS_FACTOR.set(x)
+    try:
+        yield x
+    finally:
+        _MAX_LOSS_FACTOR.reset(token)
+
+
+def _check_loss(run: TrainerRun, row: dict[str, Any]) -> dict[str, Any]:
+    """Raise :class:`TrainingDivergedError` if ``row``'s training loss shows divergence."""
+    loss = row.get("train_loss")
+    if not isinstance(loss, (int, float)):
+        return row
+    where = f"{run.algorithm}: training diverged at iteration {row.get('iteration', '?')}"
+    if not math.isfinite(loss):
+        raise TrainingDivergedError(f"{where}: train loss {loss}; lower --lr (the step size)")
+    first = run.history[0].get("train_loss") if run.history else None
+    factor = _MAX_LOSS_FACTOR.get()
+    if isinstance(first, (int, float)) and math.isfinite(first) and first > 0 \
+            and loss > factor * first:
+        raise TrainingDivergedError(
+            f"{where}: train loss {loss:.4g} is more than {factor:g} x its first value "
+            f"{first:.4g} (--max-loss-factor); lower --lr (the step size)")
+    return row
+
+
+def _unhealthy(run: TrainerRun) -> TrainingDivergedError:
+    return TrainingDivergedError(f"{run.algorithm}: training diverged after step {run.position}: "
+                                 "the model is not finite; lower --lr (the step size)")
 
 
 class TrainerRun(abc.ABC):
@@ -121,8 +182,8 @@ class TrainerRun(abc.ABC):
 
     # -- hooks with defaults ---------------------------------------------------------------
     def healthy(self) -> bool:
-        """False stops the run before an evaluation (a trainer that records divergence in its
-        report instead of raising ``FloatingPointError`` from :meth:`evaluate`)."""
+        """False (a model that is no longer finite) stops the run before an evaluation with
+        :class:`TrainingDivergedError`."""
         return True
 
     def begin(self) -> None:
@@ -216,6 +277,11 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
     resuming: no final evaluation or checkpoint then). A step that counts nothing (MAPA's
     dropped upload) is neither evaluated nor checkpointed. A budget stop (``step()`` returns
     False) ends the loop with a final evaluation.
+
+    Raises:
+        TrainingDivergedError: after an evaluation whose training loss is not finite or
+            exceeds :func:`max_loss_factor` times the first one, or when
+            :meth:`TrainerRun.healthy` says the model is not finite.
     """
     every = checkpoint_every if checkpoints is not None else 0
     saved: int | None = None
@@ -230,7 +296,7 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
             if not run.keeps_earlier_spend:
                 raise
     if run.evaluate_first and not run.history:
-        run.evaluate()
+        _check_loss(run, run.evaluate())
     interrupted = False
     bar = progress(run.remaining(), desc=run.algorithm)
     try:
@@ -244,8 +310,8 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
             bar.update(run.position - before)
             if run.position % eval_every == 0 or run.finished():
                 if not run.healthy():
-                    break
-                bar.set_postfix(**run.postfix(run.evaluate()))
+                    raise _unhealthy(run)
+                bar.set_postfix(**run.postfix(_check_loss(run, run.evaluate())))
             if every and run.position % every == 0:
                 assert checkpoints is not None
                 run.save(checkpoints)
@@ -254,9 +320,10 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
                 interrupted = True
                 break
         if not interrupted:
-            if run.healthy() and (not run.history
-                                  or run.history[-1]["iteration"] != run.position):
-                run.evaluate()
+            if not run.healthy():
+                raise _unhealthy(run)
+            if not run.history or run.history[-1]["iteration"] != run.position:
+                _check_loss(run, run.evaluate())
             run.finish()
             if every and run.save_at_end and saved != run.checkpoint_round():
                 assert checkpoints is not None
@@ -277,14 +344,16 @@ def checkpoint_dir(out: Path | None, algorithm: str) -> Path | None:
 
 
 def open_ledger(out: Path | None, algorithm: str, *, population_id: str, delta: float,
-                resume: bool, reopen: bool = False, check_settings: bool = False,
+                resume: bool, reopen: bool = False, check_settings: bool = True,
                 **settings: Any) -> Ledger:
     """The run's ledger: in memory without ``out``, else ``OUT/ledger-<algorithm>.jsonl``,
     created, or reopened (spend is never reset) on ``resume`` (or always, with ``reopen``).
 
     ``settings`` are :meth:`Ledger.create`'s other arguments (``epsilon_budget``, ``method``,
     ``neighboring_relation``); a reopened ledger must hold the same population and delta and,
-    with ``check_settings``, the same settings.
+    with ``check_settings`` (the default), the same settings: a budget stop then names the
+    budget the ledger enforces. A ledger whose journal was deleted but whose head record
+    remains is not recreated (:meth:`Ledger.create` refuses).
 
     Raises:
         InvalidParameterError: naming ``out``: the ledger exists and this is not a resume, or

@@ -554,6 +554,9 @@ def run_report(args: argparse.Namespace) -> int:
     out = getattr(args, "out", "tradeoff.png")
     if not isinstance(out, (str, Path)) or not str(out) or Path(out).is_dir():
         raise InvalidParameterError("out", out, "a file name for the plot, e.g. tradeoff.png")
+    from fl_examples.core.outdir import check_out_file
+
+    check_out_file(out)  # before reading anything: an unwritable --out is one line
     points = load_runs(run_dirs)
     rows = tradeoff_table(points, epsilon=epsilon)
     path = plot_tradeoff(points, out, epsilon=epsilon)

@@ -14,6 +14,7 @@ from fl_examples.core.asyncsim import simulate
 from fl_examples.core.deep_models import PooledCNN
 from fl_examples.core.idx import write_idx
 from fl_examples.core.models import MultinomialLogReg
+from fl_examples.core.run import max_loss_factor
 from fl_examples.mapa import (
     AMPLIFICATION_ASSUMPTION,
     MapaConfig,
@@ -244,8 +245,9 @@ def test_cnn_on_a_tiny_idx_fixture(tmp_path):
     write_idx(tmp_path / "train-labels-idx1-ubyte", rng.integers(0, 10, 120, dtype=np.uint8))
     cfg = MapaConfig(dataset=f"mnist:{tmp_path}", model="cnn", edges=3, batch=8, updates=12,
                      eval_every=6, epsilon=5.0, variance="paper")
-    a = run_algorithm("mapa", cfg)
-    b = run_algorithm("mapa", MapaConfig(**(cfg.__dict__ | {"batched": False})))
+    with max_loss_factor(math.inf):  # the paper's variance blows this tiny run up (finite)
+        a = run_algorithm("mapa", cfg)
+        b = run_algorithm("mapa", MapaConfig(**(cfg.__dict__ | {"batched": False})))
     assert a["_model"].shape == (PooledCNN().num_parameters,) == (4380,)
     assert torch.allclose(a["_model"], b["_model"], rtol=1e-4, atol=1e-5)
     assert a["privacy"]["uploads_mean"] == pytest.approx(4.0)

@@ -57,11 +57,11 @@ def read_idx(path: str | Path) -> np.ndarray:
     p = Path(path)
     if not p.is_file():
         raise InvalidParameterError("path", str(p), "an existing IDX file")
-    try:
-        with gzip.open(p, "rb") if _is_gz(p) else open(p, "rb") as fh:
-            raw = fh.read()
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataFormatError(p, "gzip", f"cannot decompress ({exc})") from None
+    with open(p, "rb") as f:  # an OSError here (no permission, ...) names the file
+        try:
+            raw = gzip.GzipFile(fileobj=f).read() if _is_gz(p) else f.read()
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise DataFormatError(p, "gzip", f"cannot decompress ({exc})") from None
     if len(raw) < 4:
         raise DataFormatError(p, "magic", f"file has {len(raw)} bytes, fewer than the 4 of a magic")
     zero, code, ndim = struct.unpack(">HBB", raw[:4])
@@ -163,6 +163,8 @@ def _read_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.nda
             "magic",
             f"expected 2049 (uint8, 1 dim), got {labels.dtype} with {labels.ndim} dims",
         )
+    if len(images) == 0 or 0 in images.shape[1:]:
+        raise DataFormatError(images_path, "dims", f"holds no image (shape {images.shape})")
     if len(labels) != len(images):
         raise DataFormatError(
             labels_path, "dims", f"{len(labels)} labels for {len(images)} images in {images_path}"

@@ -173,6 +173,9 @@ def _read_leaf_file(path: Path) -> dict[str, LeafUser]:
             obj = json.load(fh)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataFormatError(path, "<json>", f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise DataFormatError(path, "<json>", "nested too deeply to read (not LEAF data)") \
+            from None
     if not isinstance(obj, dict):
         raise DataFormatError(path, "<root>", "must be a JSON object")
     for key, typ, kind in (
@@ -241,7 +244,9 @@ def read_leaf_dir(directory: str | Path) -> dict[str, LeafUser]:
     return dict(sorted(users.items()))
 
 
-def _detect_kind(users: dict[str, LeafUser]) -> LeafKind:
+def _detect_kind(users: dict[str, LeafUser], directory: Path) -> LeafKind:
+    if not users:
+        raise DataFormatError(directory, "users", "lists no user (every file's users is empty)")
     for user, rec in users.items():
         if rec.x:
             x0 = rec.x[0]
@@ -381,7 +386,7 @@ def load_leaf(
     train_raw = read_leaf_dir(d / "train" if split_dirs else d)
     test_raw = read_leaf_dir(d / "test") if split_dirs else {}
     if kind is LeafKind.AUTO:
-        kind = _detect_kind(train_raw)
+        kind = _detect_kind(train_raw, d / "train" if split_dirs else d)
     dim: list[int] = []
     tokens: list[list[str]] = []
     train = _convert(train_raw, kind, text_features, classes, dim, tokens)

@@ -121,7 +121,7 @@ class SecureRandom:
         key: must be None, for the same reason.
 
     Raises:
-        InvalidParameterError: naming ``seed`` if ``seed`` or ``key`` is given.
+        InvalidParameterError: naming ``seed`` or ``key``, whichever is given.
         OSError: if the OS entropy source fails (probed once at construction).
 
     Example:
@@ -134,12 +134,10 @@ class SecureRandom:
     __slots__ = ()
 
     def __init__(self, seed: Any = None, *, key: Any = None) -> None:
-        if seed is not None or key is not None:
-            raise InvalidParameterError(
-                "seed",
-                seed if seed is not None else key,
-                "None (secure mode draws its key from the OS; seeds are refused)",
-            )
+        for name, value in (("seed", seed), ("key", key)):
+            if value is not None:
+                raise InvalidParameterError(name, value, "None (secure mode draws its key from "
+                                            "the OS; seeds are refused, and so are keys)")
         # Fail closed at construction if the entropy source is unusable.
         os.urandom(16)
 

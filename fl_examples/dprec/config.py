@@ -101,12 +101,19 @@ class DPRecConfig:
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
-    """``digits`` over ``cfg.clients`` clients, else :func:`parse_dataset_spec`."""
+    """``digits`` over ``cfg.clients`` clients, else :func:`parse_dataset_spec`; refuses more
+    clients per round than there are clients (DP-FedAvg samples without replacement, and the
+    noise is divided by ``clients_per_round``)."""
     name = cfg.dataset.strip().lower()
     if name == "digits":
-        return digits(rng=cfg.seed, num_clients=cfg.clients,
-                      classes_per_client=cfg.digits_classes or None)
-    return parse_dataset_spec(cfg.dataset, seed=cfg.seed)
+        ds = digits(rng=cfg.seed, num_clients=cfg.clients,
+                    classes_per_client=cfg.digits_classes or None)
+    else:
+        ds = parse_dataset_spec(cfg.dataset, seed=cfg.seed)
+    if cfg.clients_per_round > ds.num_clients:
+        raise InvalidParameterError("clients_per_round", cfg.clients_per_round,
+                                    f"at most the number of clients ({ds.num_clients})")
+    return ds
 
 
 def _model(cfg: DPRecConfig, ds: FederatedDataset) -> Any:

@@ -369,8 +369,9 @@ def clip_l2(tree: Any, l2_clip_norm: float) -> Any:
         never modified.
 
     Raises:
-        InvalidParameterError: for a bad ``l2_clip_norm``, a non-floating leaf, or a NaN or
-            infinite coordinate (naming the leaf, e.g. ``tree['fc.weight']``).
+        InvalidParameterError: for a bad ``l2_clip_norm``, a non-floating leaf, a NaN or
+            infinite coordinate (naming the leaf, e.g. ``tree['fc.weight']``), or a tree
+            without any coordinate (nothing to clip is a mistake, not a release).
 
     Example:
         >>> import numpy as np
@@ -380,8 +381,9 @@ def clip_l2(tree: Any, l2_clip_norm: float) -> Any:
     """
     bound = _validate.positive("l2_clip_norm", l2_clip_norm)
     leaves, spec = _float_leaves(tree, "tree", allow_empty=True)
-    if not leaves:
-        return _unflatten(spec, iter(()))
+    if not any(0 not in tuple(leaf.shape) for _, leaf in leaves):
+        raise InvalidParameterError("tree", "no coordinate" if leaves else "an empty tree",
+                                    "at least one coordinate to clip")
     x2s = [_rows(leaf, 1) for _, leaf in leaves]
     ys = _clip_rows(x2s, [p for p, _ in leaves], bound, row_names=False)
     return _unflatten(spec, (y.reshape(leaf.shape) for y, (_, leaf) in zip(ys, leaves)))
@@ -409,8 +411,13 @@ def clip_per_example(batch: Any, l2_clip_norm: float) -> Any:
         >>> np.linalg.norm(y, axis=1).round(6).tolist()
         [1.0, 0.5]
     """
+    return _clip_per_example(batch, l2_clip_norm, "batch")
+
+
+def _clip_per_example(batch: Any, l2_clip_norm: float, name: str) -> Any:
+    """:func:`clip_per_example`, naming the batch ``name`` in errors (a caller's argument)."""
     bound = _validate.positive("l2_clip_norm", l2_clip_norm)
-    leaves, spec = _float_leaves(batch, "batch", allow_empty=True)
+    leaves, spec = _float_leaves(batch, name, allow_empty=True)
     if not leaves:
         return _unflatten(spec, iter(()))
     b = None

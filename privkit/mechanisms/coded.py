@@ -83,13 +83,24 @@ def client_rng(seed: int, client_id: str) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(s, spawn_key=(0xC0DE, *key)))
 
 
-def _matrix(name: str, value: Any) -> np.ndarray:
+def _matrix(name: str, value: Any, *, floating: bool = False) -> np.ndarray:
+    if floating:
+        try:
+            dt = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
+        except (TypeError, ValueError):
+            dt = None  # not an array: refused below
+        is_float = getattr(dt, "is_floating_point", None)  # a torch dtype
+        if dt is not None and not (is_float if is_float is not None else dt.kind == "f"):
+            raise InvalidParameterError(f"{name}.dtype", dt, "floating point (features are "
+                                        "real numbers; convert integer data deliberately)")
     try:
         a = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise InvalidParameterError(name, value, "a 2-D array of real numbers") from None
     if a.ndim != 2:
         raise InvalidParameterError(f"{name}.shape", a.shape, "2-D (rows, columns)")
+    if floating and 0 in a.shape:
+        raise InvalidParameterError(f"{name}.shape", a.shape, "at least one row and one column")
     if not np.isfinite(a).all():
         raise InvalidParameterError(name, "non-finite entries", "finite in every entry")
     return a
@@ -138,7 +149,8 @@ def code_client_data(
         A :class:`CodedUpload` with X~_i, Y~_i and the upload's event.
 
     Raises:
-        InvalidParameterError: c <= 0, sigma < 0 or NaN, bad bounds, shapes, non-finite data,
+        InvalidParameterError: c <= 0, sigma < 0 or NaN, bad bounds, shapes, no rows,
+            integer features, non-finite data,
             labels that are not one-hot when ``categorical_labels``, a torch generator.
     """
     c = _validate.positive_int("num_coded_rows", num_coded_rows)
@@ -155,7 +167,7 @@ def code_client_data(
         raise InvalidParameterError("dtype", dtype, "float64 in secure mode")
     if not isinstance(categorical_labels, bool):
         raise InvalidParameterError("categorical_labels", categorical_labels, "a bool")
-    x = clip_per_example(_matrix("features", features), rho)
+    x = clip_per_example(_matrix("features", features, floating=True), rho)
     mode = LabelMode.NONE if labels is None else _mode(label_mode)
     if mode is LabelMode.NONE and labels is not None:
         raise InvalidParameterError("label_mode", label_mode, "NOISY or PAPER_NOISELESS "

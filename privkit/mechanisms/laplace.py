@@ -39,7 +39,7 @@ from privkit.mechanisms._tree import (
     _no_grad,
     _to_float64,
 )
-from privkit.mechanisms.clipping import clip_per_example
+from privkit.mechanisms.clipping import _clip_per_example
 from privkit.mechanisms.sampling import (
     l2_laplace_noise,
     l2_laplace_variance,
@@ -174,7 +174,7 @@ class LaplaceGradientNoise:
                                         "at least one coordinate per example in every leaf")
         d = num_coordinates(per_example_grads) // b
         with _no_grad():
-            clipped = clip_per_example(per_example_grads, self.l2_clip_norm)
+            clipped = _clip_per_example(per_example_grads, self.l2_clip_norm, "per_example_grads")
             # float64 accumulation (mechanisms.md 1, "Summation").
             mean64 = tree_map(lambda x: _mean_rows64(x, b), clipped)
             if self.shape is NoiseShape.L2:

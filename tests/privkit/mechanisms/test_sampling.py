@@ -351,7 +351,8 @@ def test_variance_and_counting_helpers():
     "kwargs", [{"seed": 0}, {"seed": 12345}, {"key": b"0123456789abcdef"}, {"seed": 0.0}]
 )
 def test_secure_refuses_seeds(kwargs):
-    with pytest.raises(InvalidParameterError, match="^seed must be None .*seeds are refused"):
+    (name,) = kwargs  # the error names the argument given (seed or key)
+    with pytest.raises(InvalidParameterError, match=f"^{name} must be None .*seeds are refused"):
         SecureRandom(**kwargs)
 
 

@@ -130,8 +130,8 @@ def test_bad_config(kwargs, name):
 
 
 @pytest.mark.parametrize("args, name", [(["--bits", "30"], "bits"),
-                                        (["--checkpoint-every", "-1"], "checkpoint_every"),
-                                        (["--threads", "0"], "threads")])
+                                        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+                                        (["--threads", "0"], "--threads")])
 def test_cli_bad_input_exits_2(args, name, tmp_path, capsys):
     rc = main(["train", "dprec", *args, "--out", str(tmp_path / "x")])
     assert rc == 2

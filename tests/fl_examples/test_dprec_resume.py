@@ -28,7 +28,12 @@ from fl_examples.core.seeds import SeedTree
 from fl_examples.dprec import DPRecConfig, load_dataset, run_algorithm, train
 from fl_examples.dprec.run import _Run
 from privkit.cli import main
-from privkit.errors import InvalidParameterError, LedgerMismatchError, LedgerRollbackError
+from privkit.errors import (
+    InvalidParameterError,
+    LedgerHeadError,
+    LedgerMismatchError,
+    LedgerRollbackError,
+)
 from privkit.ledger import Ledger
 from privkit.mechanisms import rec, sampling
 
@@ -196,7 +201,8 @@ def test_older_checkpoint_and_older_ledger_are_refused(tmp_path):
     out = tmp_path / "run"
     run_algorithm("dprec", cfg, ds, out=out, stop_after=2)
     ledger = out / "ledger-dprec.jsonl"
-    old_ledger = ledger.read_bytes()
+    head = out / "ledger-dprec.jsonl.head"
+    old_ledger, old_head = ledger.read_bytes(), head.read_bytes()
     run_algorithm("dprec", cfg, ds, out=out, resume=True)
     ck = out / "checkpoints" / "dprec"
     assert (ck / "LATEST").read_text() == "ckpt-000006"
@@ -205,12 +211,17 @@ def test_older_checkpoint_and_older_ledger_are_refused(tmp_path):
     with pytest.raises(LedgerRollbackError, match="older than the ledger"):
         run_algorithm("dprec", cfg, ds, out=out, resume=True)
     (ck / "LATEST").write_text("ckpt-000006")
-    # an older ledger: it lacks the entry the checkpoint depends on
-    new_ledger = ledger.read_bytes()
+    # an older journal: its head record says more was committed
+    new_ledger, new_head = ledger.read_bytes(), head.read_bytes()
     ledger.write_bytes(old_ledger)
+    with pytest.raises(LedgerHeadError, match="entries are missing"):
+        run_algorithm("dprec", cfg, ds, out=out, resume=True)
+    # an older ledger, head record too: it lacks the entry the checkpoint depends on
+    head.write_bytes(old_head)
     with pytest.raises(LedgerMismatchError, match="not in this ledger"):
         run_algorithm("dprec", cfg, ds, out=out, resume=True)
     ledger.write_bytes(new_ledger)
+    head.write_bytes(new_head)
     # another configuration, or a new run into the same directory
     with pytest.raises(CheckpointError, match="another configuration"):
         run_algorithm("dprec", DPRecConfig(**(TINY | {"lr": 0.3})), ds, out=out, resume=True)

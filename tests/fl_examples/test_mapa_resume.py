@@ -22,7 +22,7 @@ from fl_examples.mapa import MapaConfig, load_edges, run_algorithm
 from fl_examples.mapa.run import _Run
 from fl_examples.mapa.uploads import _pool
 from privkit.cli import main
-from privkit.errors import LedgerMismatchError, LedgerRollbackError
+from privkit.errors import LedgerHeadError, LedgerMismatchError, LedgerRollbackError
 from privkit.ledger import Ledger
 
 WALL = frozenset({"wall_time_s", "client_compute_s"})  # the only wall-clock fields
@@ -180,7 +180,9 @@ def test_older_checkpoint_and_older_ledger_are_refused(digits8, tmp_path, monkey
         with pytest.raises(_Crash):
             run_algorithm("mapa", cfg, dataset=digits8, out=out)
     ledger = out / "ledger-mapa.jsonl"
+    head = out / "ledger-mapa.jsonl.head"
     old_ledger = ledger.read_bytes()  # an older ledger (head before later charges)
+    old_head = head.read_bytes()
     run_algorithm("mapa", cfg, dataset=digits8, out=out, resume=True)
     done = ledger.read_bytes()
     ck = out / "checkpoints" / "mapa"
@@ -194,8 +196,13 @@ def test_older_checkpoint_and_older_ledger_are_refused(digits8, tmp_path, monkey
         run_algorithm("mapa", cfg, dataset=digits8, out=out, resume=True)
     assert ledger.read_bytes() == done  # nothing charged, no fork
     (ck / "LATEST").write_text(latest)
-    # 2. an older ledger than the checkpoint expects
+    # 2. an older journal than its head record says was committed
+    new_head = head.read_bytes()
     ledger.write_bytes(old_ledger)
+    with pytest.raises(LedgerHeadError, match="entries are missing"):
+        run_algorithm("mapa", cfg, dataset=digits8, out=out, resume=True)
+    # ... and an older ledger (head record too) than the checkpoint expects
+    head.write_bytes(old_head)
     with pytest.raises(LedgerMismatchError, match="not in this ledger"):
         run_algorithm("mapa", cfg, dataset=digits8, out=out, resume=True)
     assert ledger.read_bytes() == old_ledger
@@ -205,6 +212,7 @@ def test_older_checkpoint_and_older_ledger_are_refused(digits8, tmp_path, monkey
         run_algorithm("mapa", cfg, dataset=digits8, out=out, resume=True)
     assert not ledger.exists()
     ledger.write_bytes(done)
+    head.write_bytes(new_head)
     # 4. other settings
     with pytest.raises(CheckpointError, match="another configuration"):
         run_algorithm("mapa", MapaConfig(**(BASE | {"eval_every": 30})), dataset=digits8,

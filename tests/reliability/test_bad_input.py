@@ -130,6 +130,68 @@ _IMG = np.zeros((4, 28, 28), dtype=np.uint8)
 _LAB = np.array([0, 1, 2, 3], dtype=np.uint8)
 
 
+_ZERO_USERS = {"users": [], "num_samples": [], "user_data": {}}
+
+#: A short, valid run of each trainer (without --out).
+_TRAINERS = {
+    "upcycled": ("--dataset", "digits:3", "--iterations", "2", "--epochs", "1", "--device", "cpu"),
+    "mapa": ("--algorithms", "audp", "--edges", "4", "--updates", "10", "--eval-every", "5"),
+    "scfl": ("--clients", "4", "--coded-rows", "20", "--rounds", "2", "--algorithms", "scfl"),
+    "dprec": ("--clients", "10", "--clients-per-round", "4", "--rounds", "2", "--bits", "4",
+              "--compare", "", "--device", "cpu"),
+}
+
+
+def _read_only(root: Path, call: Callable[[Path, Ledger], Any], tmp: Path, led: Ledger) -> Any:
+    """``call`` while every directory at or under ``root`` refuses writes as a read-only file
+    system does (root may write anywhere, so the refusal is simulated at the system calls)."""
+    import errno
+    import os
+    import tempfile
+    from unittest import mock
+
+    def refuse(path: Any) -> None:
+        p = Path(os.fspath(path)).absolute()
+        if p == root.absolute() or root.absolute() in p.parents:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
+
+    real_mkstemp, real_mkdir = tempfile.mkstemp, Path.mkdir
+
+    def mkstemp(*a: Any, dir: Any = None, **kw: Any) -> Any:  # noqa: A002 - tempfile's name
+        refuse(Path(dir) / "x" if dir is not None else Path.cwd())
+        return real_mkstemp(*a, dir=dir, **kw)
+
+    def mkdir(self: Path, *a: Any, **kw: Any) -> None:
+        refuse(self)
+        return real_mkdir(self, *a, **kw)
+
+    with mock.patch.object(tempfile, "mkstemp", mkstemp), mock.patch.object(Path, "mkdir", mkdir):
+        return call(tmp, led)
+
+
+def _with_env(env: dict[str, str], call: Callable[..., Any], *args: Any) -> Any:
+    from unittest import mock
+
+    with mock.patch.dict("os.environ", env):
+        return call(*args)
+
+
+def _code(features: Any) -> Any:
+    from privkit.mechanisms.coded import code_client_data
+
+    return code_client_data(features, num_coded_rows=4, stddev=1.0, row_l2_bound=1.0,
+                            rng=_rng())
+
+
+def _train_mnist(tmp: Path, led: Ledger) -> Any:
+    d = tmp / "mnistdata"
+    d.mkdir(exist_ok=True)
+    (d / "train-images-idx3-ubyte").write_bytes(_idx_bytes(_IMG[:0]))
+    (d / "train-labels-idx1-ubyte").write_bytes(_idx_bytes(_LAB[:0]))
+    return main(["train", "upcycled", "--dataset", f"mnist:{d}", "--iterations", "2",
+                 "--out", str(tmp / "run")])
+
+
 # ------------------------------------------------------------------------ rows
 ROWS: list[Bad] = [
     # accountants
@@ -262,28 +324,28 @@ ROWS: list[Bad] = [
     Bad("idx-bad-gzip", lambda t, led: _mnist_gz_garbage(t), "gzip"),
     # CLI: one line, exit 2
     Bad("cli-z-nan", _cli("epsilon", "gaussian", "--noise-multiplier", "nan", "--steps", "10",
-                          "--delta", "1e-5"), "noise_multiplier", cli=True),
+                          "--delta", "1e-5"), "--noise-multiplier", cli=True),
     Bad("cli-delta-1", _cli("epsilon", "gaussian", "--noise-multiplier", "1", "--steps", "10",
                             "--delta", "1"), "delta", cli=True),
     Bad("cli-steps-negative", _cli("epsilon", "gaussian", "--noise-multiplier", "1", "--steps",
                                    "-3", "--delta", "1e-5"), "steps", cli=True),
     Bad("cli-q-2", _cli("epsilon", "gaussian", "--noise-multiplier", "1", "--steps", "10",
                         "--delta", "1e-5", "--sampling-probability", "2"),
-        "sampling_probability", cli=True),
+        "--sampling-probability", cli=True),
     Bad("cli-pure-eps-0", _cli("epsilon", "pure", "--epsilon", "0", "--steps", "10", "--delta",
                                "1e-5"), "epsilon", cli=True),
     Bad("cli-calibrate-target-negative", _cli("calibrate", "gaussian", "--target-epsilon", "-1",
                                               "--delta", "1e-5", "--steps", "10"),
-        "target_epsilon", cli=True),
+        "--target-epsilon", cli=True),
     Bad("cli-not-a-number", _cli("epsilon", "gaussian", "--noise-multiplier", "one", "--steps",
                                  "10", "--delta", "1e-5"), "noise-multiplier", cli=True),
     Bad("cli-audit-trials-negative", _cli("audit", "gaussian", "--trials", "-5"), "trials",
         cli=True),
     Bad("train-unknown-dataset", _train("--dataset", "imagenet"), "imagenet", cli=True),
-    Bad("train-sigma-0", _train("--privacy", "output", "--sigma", "0"), "stddev", cli=True),
+    Bad("train-sigma-0", _train("--privacy", "output", "--sigma", "0"), "--sigma", cli=True),
     Bad("train-delta-0", _train("--privacy", "output", "--delta", "0"), "delta", cli=True),
     Bad("train-budget-nan", _train("--privacy", "output", "--epsilon-budget", "nan"),
-        "epsilon_budget", cli=True),
+        "--epsilon-budget", cli=True),
     Bad("train-fraction-0", _train("--fraction", "0"), "fraction", cli=True),
     Bad("train-malformed-leaf", lambda t, led: main([
         "train", "upcycled", "--dataset", f"leaf:{_leaf(t, _leaf_body(num_samples=[5]))}",
@@ -293,6 +355,76 @@ ROWS: list[Bad] = [
     Bad("cli-pld-extreme-noise", _cli("epsilon", "gaussian", "--noise-multiplier", "1e-200",
                                       "--steps", "1", "--delta", "1e-5", "--method", "pld"),
         "pld cannot price", cli=True),
+    # output paths: checked before anything is read or charged, one line naming the path
+    *[Bad(f"out-{what}-{cmd}", _cli("train", cmd, *args, "--out", out), name, cli=True)
+      for cmd, args in _TRAINERS.items()
+      for what, out, name in (("a-file", "{tmp}/ledger.jsonl", "it is a file"),
+                              ("under-a-file", "{tmp}/ledger.jsonl/run", "Not a directory"),
+                              ("in-proc", "/proc/x", "'/proc/x'"))],
+    Bad("out-read-only-fs", lambda t, led: _read_only(t / "ro", _train("--out", "{tmp}/ro/run"),
+                                                      t, led), "Read-only file system", cli=True),
+    Bad("out-read-only-on-resume", lambda t, led: _read_only(
+        t, _train("--out", "{tmp}", "--resume"), t, led), "Read-only file system", cli=True),
+    Bad("out-empty-string", _train("--out", ""), "--out must be a directory path", cli=True),
+    Bad("report-out-in-proc", _cli("report", "tradeoff", "{tmp}", "--out", "/proc/x/t.png"),
+        "'/proc/x/t.png'", cli=True),
+    Bad("report-out-under-a-file", _cli("report", "tradeoff", "{tmp}", "--out",
+                                        "{tmp}/ledger.jsonl/t.png"), "ledger.jsonl/t.png",
+        cli=True),
+    # reruns: a new run needs a new or empty OUT; --resume needs a run
+    Bad("rerun-without-resume", _train("--privacy", "output", "--out", "{tmp}"),
+        "pass --resume", cli=True),
+    Bad("rerun-mapa-without-resume", _cli("train", "mapa", *_TRAINERS["mapa"], "--out", "{tmp}"),
+        "pass --resume", cli=True),
+    Bad("resume-empty-out", _train("--resume", "--out", "{tmp}/nothing"),
+        "holding a run to resume (it is missing)", cli=True),
+    Bad("resume-and-overwrite", _train("--resume", "--overwrite", "--out", "{tmp}"),
+        "--overwrite", cli=True),
+    Bad("max-loss-factor-below-1", _train("--max-loss-factor", "0.5"), "--max-loss-factor",
+        cli=True),
+    # data edge cases
+    Bad("leaf-zero-users", lambda t, led: _load_leaf(t, _ZERO_USERS), "lists no user"),
+    Bad("leaf-deep-nesting", lambda t, led: _load_leaf(t, raw="[" * 100_000 + "]" * 100_000),
+        "nested too deeply"),
+    Bad("train-leaf-zero-users", lambda t, led: main([
+        "train", "upcycled", "--dataset", f"leaf:{_leaf(t, _ZERO_USERS)}", "--out",
+        str(t / "run")]), "lists no user", cli=True),
+    Bad("idx-zero-images", lambda t, led: _mnist(t, _idx_bytes(_IMG[:0]), _idx_bytes(_LAB[:0])),
+        "holds no image"),
+    Bad("train-idx-zero-images", lambda t, led: _train_mnist(t, led), "holds no image",
+        cli=True),
+    Bad("dprec-more-clients-per-round-than-clients", _cli(
+        "train", "dprec", *_TRAINERS["dprec"], "--clients", "10", "--clients-per-round", "100",
+        "--out", "{tmp}/run"), "--clients-per-round must be at most the number of clients (10)",
+        cli=True),
+    # mechanisms: no coordinates, integer data, the argument's own name
+    Bad("clip-l2-empty-array", lambda t, led: clip_l2(np.zeros(0), 1.0), "coordinate"),
+    Bad("coded-zero-rows", lambda t, led: _code(np.zeros((0, 3))), "features.shape"),
+    Bad("coded-integer-features", lambda t, led: _code(np.arange(6).reshape(3, 2)),
+        "features.dtype"),
+    Bad("laplace-names-per-example-grads", lambda t, led: privkit.LaplaceGradientNoise(
+        1.0, 2, 1.0)(np.array([[1.0, NAN], [1.0, 1.0]]), rng=_rng()), "per_example_grads[0]"),
+    Bad("secure-keyed", lambda t, led: SecureRandom(key=1), "key must be None"),
+    Bad("train-sigma-names-the-flag", _train("--privacy", "output", "--sigma", "-1"),
+        "--sigma must be", cli=True),
+    Bad("scfl-noise-stddev-names-the-flag", _cli(
+        "train", "scfl", *_TRAINERS["scfl"], "--noise-stddev", "nan", "--out", "{tmp}/run"),
+        "--noise-stddev must be", cli=True),
+    # ledgers: a missing journal, a bad key
+    Bad("ledger-open-missing", lambda t, led: Ledger.open(t / "missing.jsonl"), "no ledger at"),
+    Bad("cli-ledger-verify-missing", _cli("ledger", "verify", "{tmp}/missing.jsonl"),
+        "no ledger at", cli=True),
+    Bad("cli-ledger-recover-without-accept", _cli("ledger", "recover", "{tmp}/ledger.jsonl"),
+        "--accept-rollback", cli=True),
+    Bad("cli-ledger-recover-nothing", _cli("ledger", "recover", "{tmp}/ledger.jsonl",
+                                           "--accept-rollback"), "nothing to recover",
+        cli=True),
+    Bad("ledger-key-file-missing", lambda t, led: _with_env(
+        {"PRIVKIT_LEDGER_KEY_FILE": str(t / "no-key")}, lambda: Ledger.open(t / "ledger.jsonl")),
+        "PRIVKIT_LEDGER_KEY_FILE"),
+    Bad("ledger-key-too-short", lambda t, led: _with_env(
+        {"PRIVKIT_LEDGER_KEY": "short"}, _train("--privacy", "output"), t, led),
+        "PRIVKIT_LEDGER_KEY must be at least 16 bytes", cli=True),
 ]
 
 
@@ -316,6 +448,9 @@ def _mnist_gz_garbage(tmp: Path) -> Any:
     (d / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
     (d / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(_idx_bytes(_LAB)))
     return parse_dataset_spec(f"mnist:{d}", seed=0)
+
+
+INPUTS = ("leafdata", "mnistdata", "gzdata", "emptydir")
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -351,11 +486,10 @@ def test_bad_input_is_refused_cleanly(row, tmp_path, capsys):
         assert row.names in str(info.value), str(info.value)
         assert isinstance(info.value, ValueError)
     after = _files(sandbox)
-    inputs = {k for k in after if k.startswith(("leafdata", "mnistdata", "gzdata", "emptydir"))}
-    # a trainer that failed during its first round leaves only its (empty) ledger
-    empty_ledgers = {k for k in after if k.startswith("run/") and k.endswith(".jsonl")
-                     and Ledger.open(sandbox / k).head().seq == -1}
-    rest = {k: v for k, v in after.items() if k not in inputs | empty_ledgers}
-    assert rest == before  # nothing written half-way
+    inputs = {k for k in after if k.startswith(INPUTS)}
+    rest = {k: v for k, v in after.items() if k not in inputs}
+    assert rest == before  # nothing written half-way (a trainer leaves not even an empty ledger)
+    assert {p.relative_to(sandbox).parts[0] for p in sandbox.iterdir()} - set(INPUTS) \
+        <= {"ledger.jsonl", "ledger.jsonl.head"}  # no output directory either
     assert Ledger.open(sandbox / "ledger.jsonl").epsilons() == led.epsilons()  # nothing charged
     assert led.head().seq == 1

@@ -362,19 +362,32 @@ def test_older_checkpoint_is_refused(finished, tmp_path):
     assert _snapshot(out) == before  # nothing charged, nothing written
 
 
-def test_older_ledger_is_refused(finished, tmp_path):
+@pytest.mark.parametrize("with_head", [False, True], ids=["journal", "journal-and-head"])
+def test_older_ledger_is_refused(finished, tmp_path, with_head):
+    """An older copy of the journal is refused by its head record; an older copy of both (a
+    restore of the whole directory's ledger from a backup) by the checkpoint's pointer."""
+    from privkit import _head
+
     case, done = finished
     out = _copy(done, tmp_path / "out")
     path = out / case.ledgers[0]
     lines = path.read_bytes().splitlines(keepends=True)
     keep = [i for i, x in enumerate(lines[1:], 1) if json.loads(x)["round"] <= 3]
-    path.write_bytes(b"".join(lines[: keep[-1] + 1]))  # an older copy of the same ledger
-    Ledger.open(path)  # still a valid ledger on its own
+    older = b"".join(lines[: keep[-1] + 1])
+    path.write_bytes(older)  # an older copy of the same journal
+    if with_head:  # and the head record of that time
+        last = json.loads(lines[keep[-1]])
+        _head.write_head(str(path) + ".head", _head.Head(
+            last["seq"], last["hash"], len(older), json.loads(lines[0])["hash"]), None)
+        Ledger.open(path)  # still a valid ledger on its own
     before = _snapshot(out)
     r = run(case, out, resume=True)
     assert r.returncode == 2, r.stderr
     msg = r.stderr.strip().splitlines()
-    assert len(msg) == 1 and "is not in this ledger" in msg[0], r.stderr
+    want = "is not in this ledger" if with_head else "entries are missing"
+    assert len(msg) == 1 and want in msg[0], r.stderr
+    if not with_head:
+        assert "privkit ledger recover" in msg[0] and f"{path}.head" in msg[0]
     assert _snapshot(out) == before
 
 

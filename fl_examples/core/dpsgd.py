@@ -88,20 +88,34 @@ def _check(model: Any, data: ClientData) -> None:
         raise InvalidParameterError("client data", "an empty client", ">= 1 record per client")
 
 
+def _clip_factor(norms: Tensor, weights: Tensor, clip: float, dtype: torch.dtype) -> Tensor:
+    """Per-example scale ``min(1, C / ||g||)`` (0 on padding rows), shrunk by a few ulps of
+    the working dtype so that rounding cannot let a clipped gradient exceed C."""
+    factor = torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0)
+    return factor * (1.0 - 8 * torch.finfo(dtype).eps) * weights
+
+
 def _noisy_step_grads(model: Any, theta: Tensor, data: ClientData, rows: Tensor, weights: Tensor,
                       settings: DpSgdSettings, expected: Tensor, noise: Tensor) -> Tensor:
-    """(K, d): (sum of clipped per-example gradients of the sampled rows + noise) / E[batch]."""
+    """(K, d): (sum of clipped per-example gradients of the sampled rows + noise) / E[batch].
+
+    A model with ``clipped_grad_sum`` (logistic regression, the MLP) forms the clipped sum
+    from per-example norms without materialising the (K, B, d) gradients; any other
+    per-example model's gradients are materialised and clipped here."""
     k = theta.shape[0]
     ar = torch.arange(k, device=theta.device)[:, None]
     x, y = data.x[ar, rows], data.y[ar, rows]
     if x.is_floating_point():  # token ids (LSTM) stay integers
         x = x.to(theta.dtype)
-    g = model.per_example_grads(theta, x, y)  # (K, B, d)
-    norms = torch.linalg.vector_norm(g.to(torch.float64), dim=2)
-    factor = torch.clamp(settings.l2_clip_norm / torch.clamp(norms, min=1e-300), max=1.0)
-    # rounding must not let a clipped gradient exceed C: shrink the factor by a few ulps
-    factor = (factor * (1.0 - 8 * torch.finfo(g.dtype).eps)) * weights
-    summed = torch.einsum("kb,kbd->kd", factor.to(g.dtype), g)
+    clip = settings.l2_clip_norm
+    if hasattr(model, "clipped_grad_sum"):
+        summed = model.clipped_grad_sum(
+            theta, x, y, lambda norms: _clip_factor(norms, weights, clip, theta.dtype))
+    else:
+        g = model.per_example_grads(theta, x, y)  # (K, B, d)
+        norms = torch.linalg.vector_norm(g.to(torch.float64), dim=2)
+        factor = _clip_factor(norms, weights, clip, g.dtype)
+        summed = torch.einsum("kb,kbd->kd", factor.to(g.dtype), g)
     return (summed.to(torch.float64) + noise) / expected[:, None]
 
 

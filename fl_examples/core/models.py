@@ -364,6 +364,20 @@ class MultinomialLogReg:
         gw = x[:, :, :, None] * r[:, :, None, :]
         return torch.cat([gw.reshape(m, b, self.num_features * self.num_classes), r], dim=2)
 
+    def clipped_grad_sum(self, theta: Tensor, x: Tensor, y: Tensor,
+                         factor: Callable[[Tensor], Tensor]) -> Tensor:
+        """``(m, d)``: sum over the rows of ``f_i g_i``, ``f = factor(norms)`` from the
+        per-example gradient norms ``(m, b)`` (float64), never materialising ``g_i``:
+        ``||g_i||^2 = (||x_i||^2 + 1) ||r_i||^2`` (DP-SGD's clipped sum, ghost norms)."""
+        m = x.shape[0]
+        r = self._residuals(theta, x, y)
+        x64, r64 = x.to(torch.float64), r.to(torch.float64)
+        sq = (x64.pow(2).sum(2) + 1.0) * r64.pow(2).sum(2)
+        f = factor(sq.sqrt()).to(r.dtype)
+        fr = r * f[:, :, None]
+        gw = torch.bmm(x.transpose(1, 2), fr).reshape(m, self.num_features * self.num_classes)
+        return torch.cat([gw, fr.sum(1)], dim=1)
+
     def mean_grads(self, theta: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
                    denom: int | None = None) -> Tensor:
         """``(m, d)``: the gradients summed over the rows (those with ``mask`` 1) and divided
@@ -490,6 +504,28 @@ class MLP:
             return F.cross_entropy(self.flat_logits(flat, xi[None]), yi[None])
 
         return vmap(vmap(grad(loss_one), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))(theta, x, y)
+
+    def clipped_grad_sum(self, theta: Tensor, x: Tensor, y: Tensor,
+                         factor: Callable[[Tensor], Tensor]) -> Tensor:
+        """``(m, d)``: sum over the rows of ``f_i g_i``, ``f = factor(norms)`` from the
+        per-example gradient norms ``(m, b)`` (float64), by backpropagation by hand and
+        ghost norms (each layer's per-example gradient is an outer product ``a_i delta_i``,
+        of squared norm ``(||a_i||^2 + 1) ||delta_i||^2`` with its bias): no ``(m, b, d)``
+        tensor is formed."""
+        p = unflatten(theta, self.parameter_shapes())
+        h = torch.baddbmm(p["b1"].unsqueeze(1), x, p["w1"]).relu_()
+        d2 = torch.baddbmm(p["b2"].unsqueeze(1), h, p["w2"]).softmax(-1)
+        d2.sub_(F.one_hot(y, self.num_classes).to(d2.dtype))
+        d1 = torch.bmm(d2, p["w2"].transpose(1, 2)).mul_(h > 0)
+
+        def sq(a: Tensor, d: Tensor) -> Tensor:
+            return (a.to(torch.float64).pow(2).sum(2) + 1.0) * d.to(torch.float64).pow(2).sum(2)
+
+        f = factor((sq(x, d1) + sq(h, d2)).sqrt()).to(d1.dtype)[:, :, None]
+        d1, d2 = d1 * f, d2 * f
+        m = x.shape[0]
+        return torch.cat([torch.bmm(x.transpose(1, 2), d1).reshape(m, -1), d1.sum(1),
+                          torch.bmm(h.transpose(1, 2), d2).reshape(m, -1), d2.sum(1)], dim=1)
 
     def mean_grads(self, theta: Tensor, x: Tensor, y: Tensor, mask: Tensor | None = None,
                    denom: int | None = None) -> Tensor:

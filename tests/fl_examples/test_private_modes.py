@@ -136,10 +136,25 @@ def _clients(sizes, features=6, classes=3, seed=0):
     return pad_clients(xs, ys, dtype=torch.float64), xs, ys
 
 
-@pytest.mark.parametrize("model_name", ["logreg", "mlp"])
+class _Materialised:
+    """The MLP without its ghost-norm clipped sum: DP-SGD materialises per-example grads."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        if name == "clipped_grad_sum":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "mlp", "mlp-materialised"])
 def test_batched_dpsgd_equals_the_per_client_loop(model_name):
     data, _, _ = _clients([7, 12, 3, 20])
     model = MultinomialLogReg(6, 3) if model_name == "logreg" else MLP(6, 5, 3)
+    if model_name == "mlp-materialised":
+        model = _Materialised(model)
+        assert not hasattr(model, "clipped_grad_sum")
     p = model.init(4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     bar = {k: v[0] for k, v in p.items()}
     s = DpSgdSettings(l2_clip_norm=0.5, noise_multiplier=0.7, batch_size=4)

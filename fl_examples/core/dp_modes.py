@@ -37,7 +37,7 @@ from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, AdaptiveClipping, ClientLevelGaussian
 
 __all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "grouped", "calibrate_record",
-           "POPULATION"]
+           "epsilon_section", "POPULATION"]
 
 #: The ledger id of client-level DP: every client's guarantee is the population's.
 POPULATION = "population"
@@ -77,7 +77,8 @@ def grouped(entries: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return [(cid, ev) for ev, ids in groups.items() for cid in ids]
 
 
-def _section(ledger: Ledger, ids: list[str]) -> dict[str, Any]:
+def epsilon_section(ledger: Ledger, ids: list[str]) -> dict[str, Any]:
+    """delta, mean and max epsilon of ``ids`` and the accountant that priced the largest."""
     eps = ledger.epsilons(ids)
     arr = np.array([eps[i] for i in ids])
     rep = ledger.report(ids)
@@ -190,7 +191,7 @@ class ClientDpPlan:
         return out
 
     def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
-        out = _section(ledger, [POPULATION]) | self.describe()
+        out = epsilon_section(ledger, [POPULATION]) | self.describe()
         out["charged_rounds"] = int(sum(n for _, n in ledger.composition(POPULATION).atoms))
         out["per_client"] = [out["epsilon_max"]] * num_clients  # the population's, for each
         return out
@@ -228,7 +229,7 @@ class RecordDpPlan:
     def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
         ids = [str(i) for i in range(num_clients)]
         eps = ledger.epsilons(ids)
-        out = _section(ledger, ids) | self.describe()
+        out = epsilon_section(ledger, ids) | self.describe()
         out["per_client"] = [eps[i] for i in ids]
         out["charged_steps"] = [int(sum(n for _, n in ledger.composition(i).atoms))
                                 for i in ids]

@@ -28,6 +28,11 @@ class ScflMethod(enum.Enum):
     def coded(self) -> bool:
         return self is not ScflMethod.FL_PMA
 
+    @property
+    def uses_client_gradients(self) -> bool:
+        """Whether clients send gradients (all but DP-CFL, which trains on coded data only)."""
+        return self is not ScflMethod.DP_CFL_STYLE
+
 
 class BatchSampling(enum.Enum):
     """FIXED_SIZE: exactly b rows without replacement; BERNOULLI: each row w.p. b/l."""
@@ -82,6 +87,16 @@ class ScflConfig:
             erasure_min/erasure_max: p_l,i uniform in this range; downlink_rate (bit/s);
             bits_per_param: gradient and model encoding.
         secure_coding: draw G and the noise from the OS CSPRNG (not reproducible).
+        gradient_noise_multiplier: z of record-level DP on the per-epoch client gradients
+            (None: the gradients carry no noise, the paper's setting): each example's
+            gradient ``x_j (x_j^T W - y_j)^T`` is clipped to ``gradient_clip``, the sum gets
+            N(0, (z C)^2), minibatches are Poisson (``batch_sampling="bernoulli"``, rate
+            b_i / l_i); each client is charged ``PoissonSampledDpEvent(q_i,
+            GaussianDpEvent(z))`` per epoch on a ledger, under add or remove one record.
+        gradient_noise_for_epsilon: calibrate z so that every client's epsilon after
+            ``rounds`` epochs is at most this (instead of ``gradient_noise_multiplier``).
+        gradient_clip: C, the per-example clip norm of the gradient noise.
+        delta: the delta of the gradients' epsilon.
     """
 
     dataset: str = "digits"
@@ -118,6 +133,16 @@ class ScflConfig:
     downlink_rate: float = 2e6
     bits_per_param: int = 32
     secure_coding: bool = False
+    gradient_noise_multiplier: float | None = None
+    gradient_noise_for_epsilon: float | None = None
+    gradient_clip: float = 1.0
+    delta: float = 1e-5
+
+    @property
+    def gradient_dp(self) -> bool:
+        """Whether the client gradients carry record-level DP noise."""
+        return self.gradient_noise_multiplier is not None \
+            or self.gradient_noise_for_epsilon is not None
 
     def __post_init__(self) -> None:
         v = _validate
@@ -160,3 +185,18 @@ class ScflConfig:
             raise InvalidParameterError("erasure_min/erasure_max", (lo, hi),
                                         "0 <= erasure_min <= erasure_max < 1")
         v.positive_int("bits_per_param", self.bits_per_param)
+        v.positive("gradient_clip", self.gradient_clip)
+        if self.gradient_noise_multiplier is not None:
+            v.positive("gradient_noise_multiplier", self.gradient_noise_multiplier)
+            if self.gradient_noise_for_epsilon is not None:
+                raise InvalidParameterError(
+                    "gradient_noise_for_epsilon", self.gradient_noise_for_epsilon,
+                    "given without gradient_noise_multiplier (one sets the other)")
+        if self.gradient_noise_for_epsilon is not None:
+            v.positive("gradient_noise_for_epsilon", self.gradient_noise_for_epsilon)
+        if self.gradient_dp and _enum(BatchSampling, "batch_sampling", self.batch_sampling) \
+                is not BatchSampling.BERNOULLI:
+            raise InvalidParameterError(
+                "batch_sampling", self.batch_sampling,
+                "bernoulli with gradient noise (Poisson minibatches: the accounting's "
+                "amplification assumes them)")

@@ -8,7 +8,8 @@ import numpy as np
 
 from privkit.errors import InvalidParameterError
 
-__all__ = ["client_gradient", "server_gradient", "makeup_term", "aggregate"]
+__all__ = ["client_gradient", "dp_client_gradient", "server_gradient", "makeup_term",
+           "aggregate"]
 
 
 def client_gradient(x: np.ndarray, y: np.ndarray, w: np.ndarray, rows: np.ndarray,
@@ -16,6 +17,20 @@ def client_gradient(x: np.ndarray, y: np.ndarray, w: np.ndarray, rows: np.ndarra
     """g_i = scale * X_B^T (X_B W - Y_B) on the rows ``rows`` (scale = l_i / b_i)."""
     xb = x[rows]
     return scale * (xb.T @ (xb @ w - y[rows]))
+
+
+def dp_client_gradient(x: np.ndarray, y: np.ndarray, w: np.ndarray, rows: np.ndarray,
+                       scale: float, clip: float, noise: np.ndarray) -> np.ndarray:
+    """Record-level DP-SGD's g_i: ``scale * (sum_j f_j x_j r_j^T + noise)`` on the Poisson
+    rows ``rows``, ``r_j = x_j^T W - y_j``, ``f_j = min(1, C / (||x_j|| ||r_j||))`` (the
+    Frobenius norm of the example's gradient, formed without materialising it), shrunk by a
+    few ulps so that rounding cannot let a clipped gradient exceed C; ``noise`` is
+    N(0, (z C)^2) of shape ``w.shape`` and ``scale`` = 1 / q_i (l_i / b_i)."""
+    xb = x[rows]
+    r = xb @ w - y[rows]
+    norms = np.sqrt(np.einsum("ij,ij->i", xb, xb) * np.einsum("ij,ij->i", r, r))
+    f = np.minimum(1.0, clip / np.maximum(norms, 1e-300)) * (1.0 - 8 * np.finfo(np.float64).eps)
+    return scale * (xb.T @ (r * f[:, None]) + noise)
 
 
 def server_gradient(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, rows: np.ndarray,

@@ -17,16 +17,31 @@ from typing import Any
 
 import numpy as np
 
-from fl_examples.core.run import TrainerRun, checkpoint_dir, drive
+import privkit
+from fl_examples.core.dp_modes import charge_entries, epsilon_section, grouped
+from fl_examples.core.privacy import BudgetStop
+from fl_examples.core.run import (
+    TrainerRun,
+    adopt_round_charges,
+    checkpoint_dir,
+    drive,
+    open_ledger,
+)
 from fl_examples.core.seeds import SeedTree
 from fl_examples.scfl.config import BatchSampling, ScflConfig, ScflMethod, _enum
 from fl_examples.scfl.data import RegressionData, load_data
-from fl_examples.scfl.gradients import client_gradient, makeup_term, server_gradient
+from fl_examples.scfl.gradients import (
+    client_gradient,
+    dp_client_gradient,
+    makeup_term,
+    server_gradient,
+)
 from fl_examples.scfl.timing import TimingModel, _timing
+from privkit._journal import canonical_json
 from privkit.accountants.midp import COVERS, LabelMode, midp_coded_release, midp_per_client
 from privkit.errors import InvalidParameterError
 from privkit.events import event_to_dict
-from privkit.ledger import atomic_write_bytes
+from privkit.ledger import Ledger, LedgerPointer, atomic_write_bytes
 from privkit.mechanisms.coded import CodedUpload, client_rng, code_client_data, sum_uploads
 from privkit.mechanisms.sampling import SecureRandom
 
@@ -97,6 +112,43 @@ def _code(cfg: ScflConfig, data: RegressionData, weights: np.ndarray | None
     return cx, cy, [uploads[c].event for c in data.client_ids]
 
 
+@dataclass(frozen=True)
+class _GradientDp:
+    """Record-level DP on one method's client gradients: z, C, and each charged client's
+    per-epoch event (clients with data that can arrive; Poisson rate q_i = min(1, b_i/l_i))."""
+
+    noise_multiplier: float
+    clip: float
+    rates: tuple[float, ...]
+    entries: tuple[tuple[str, Any], ...]  # (client id, event), in the ledger's write order
+    calibrated: dict[str, Any] | None
+
+    @staticmethod
+    def event(q: float, z: float) -> Any:
+        inner: Any = privkit.GaussianDpEvent(z)
+        return inner if q >= 1 else privkit.PoissonSampledDpEvent(q, inner)
+
+    @classmethod
+    def plan(cls, cfg: ScflConfig, ids: tuple[str, ...], sizes: np.ndarray, batch: np.ndarray,
+             charged: np.ndarray) -> _GradientDp:
+        rates = tuple(float(min(1.0, b / n)) if n > 0 else 0.0 for b, n in zip(batch, sizes))
+        calibrated = None
+        z = cfg.gradient_noise_multiplier
+        if z is None:
+            # every charged client runs `rounds` epochs; the largest rate pays the most
+            q_max = max((rates[i] for i in np.flatnonzero(charged)), default=1.0)
+            target = float(cfg.gradient_noise_for_epsilon)  # type: ignore[arg-type]
+            z, eps, _ = privkit.calibrate_noise(
+                lambda x: privkit.SelfComposedDpEvent(cls.event(q_max, x), cfg.rounds),
+                target_epsilon=target, delta=cfg.delta)
+            calibrated = {"parameter": "gradient_noise_multiplier", "value": z,
+                          "target_epsilon": target, "statistic": "max",
+                          "planned_epsilon": eps}
+        entries = grouped([(ids[i], cls.event(rates[i], float(z)))
+                           for i in np.flatnonzero(charged)])
+        return cls(float(z), float(cfg.gradient_clip), rates, tuple(entries), calibrated)
+
+
 class _Run(TrainerRun):
     """One method's run (:class:`~fl_examples.core.run.TrainerRun`): model, running sum,
     simulated clock, history; a step is one epoch. No ledger: the privacy is the coded upload's
@@ -104,7 +156,7 @@ class _Run(TrainerRun):
 
     records_ledger = False
 
-    def __init__(self, method: ScflMethod, sh: _Shared) -> None:
+    def __init__(self, method: ScflMethod, sh: _Shared, ledger: Ledger | None = None) -> None:
         self.method, self.sh, cfg = method, sh, sh.cfg
         self.algorithm, self.cfg = method.value, cfg
         d, o = sh.x_all.shape[1], sh.y_all.shape[1]
@@ -135,6 +187,13 @@ class _Run(TrainerRun):
                                      sh.data.client_ids) * self.has_data
         key = "weighted" if method is ScflMethod.CODEDFEDL_STYLE else "plain"
         self.cx, self.cy, self.events = sh.coded[key] if method.coded else (None, None, [])
+        # record-level DP on the client gradients (with a ledger), when configured
+        self.ledger = ledger
+        self.records_ledger = ledger is not None  # this run's checkpoints hold a pointer
+        self.precharged: dict[int, set[str]] = {}
+        self.dp = (_GradientDp.plan(cfg, sh.data.client_ids, sizes, self.batch,
+                                    self.has_data & (self.p > 0))
+                   if ledger is not None else None)
 
     # ---------------------------------------------------------------- the run protocol
     @property
@@ -160,7 +219,34 @@ class _Run(TrainerRun):
         priv = _privacy(self)
         if priv is not None:
             entry["privacy"] = priv
+        if self.dp is not None:
+            entry["gradient_privacy"] = _gradient_privacy(self)
+        if self.stopped:
+            entry["stopped"] = self.stopped
         return entry
+
+    def adopt(self, pointer: LedgerPointer) -> None:
+        """Charges after the checkpoint's pointer must be the write-ahead charges of the
+        epochs up to the next checkpoint (adopted, not made twice); anything else is refused
+        (:func:`~fl_examples.core.run.adopt_round_charges`)."""
+        assert self.ledger is not None
+        self.precharged = adopt_round_charges(
+            self.ledger, pointer, run_id=self.algorithm, start=self.round,
+            window=self.round + max(self.cfg.checkpoint_every, 1),
+            charges=self._expected_charges, step_name="epoch")
+
+    def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
+        assert self.dp is not None
+        return [(t, cid, 1, canonical_json(event_to_dict(ev))) for cid, ev in self.dp.entries]
+
+    def _charge(self, r: int) -> None:
+        """Write-ahead: every client that may send a gradient in epoch r is charged first."""
+        assert self.dp is not None and self.ledger is not None
+        done = self.precharged.pop(r, set())
+        todo = [(cid, ev) for cid, ev in self.dp.entries if cid not in done]
+        if todo:
+            charge_entries(self.ledger, todo, round_=r, run_id=self.algorithm,
+                           label="record-level gradient")
 
     # ---------------------------------------------------------------- one epoch
     def _client_rows(self, rng: np.random.Generator, i: int) -> tuple[np.ndarray, float]:
@@ -191,6 +277,15 @@ class _Run(TrainerRun):
         rng_b = self.tree.numpy(r, "batches")
         rows = [self._client_rows(rng_b, i) for i in range(n)]  # same draws for every method
         w = self.w
+        noise = None
+        if self.dp is not None:
+            try:
+                self._charge(r)
+            except BudgetStop as stop:
+                self.stopped = f"stopped before epoch {r}: {stop}"
+                return False
+            noise = self.tree.numpy(r, "gradient-noise").normal(size=(n, *w.shape))
+            noise *= self.dp.noise_multiplier * self.dp.clip
         g_o = makeup_term(w, sh.noise_var)
         g_s = None
         if m.coded:
@@ -200,7 +295,13 @@ class _Run(TrainerRun):
         def client_sum(arrived: np.ndarray, weights: np.ndarray) -> np.ndarray:
             out = np.zeros_like(w)
             for i in np.flatnonzero(arrived):
-                out += weights[i] * client_gradient(sh.data.x[i], sh.data.y[i], w, *rows[i])
+                if noise is None:
+                    g_i = client_gradient(sh.data.x[i], sh.data.y[i], w, *rows[i])
+                else:
+                    assert self.dp is not None
+                    g_i = dp_client_gradient(sh.data.x[i], sh.data.y[i], w, *rows[i],
+                                             clip=self.dp.clip, noise=noise[i])
+                out += weights[i] * g_i
             return out
 
         server_t = sh.timing.server_time(self.server_batch) if m.coded else 0.0
@@ -309,6 +410,29 @@ def _privacy(run: _Run) -> dict[str, Any] | None:
             "implied": "only (0, sqrt(2 nats))-DP; not an epsilon"}
 
 
+def _gradient_privacy(run: _Run) -> dict[str, Any]:
+    """The client gradients' record-level epsilon, per client, from the run's ledger."""
+    assert run.dp is not None and run.ledger is not None
+    ids = list(run.sh.data.client_ids)
+    eps = run.ledger.epsilons(ids)
+    charged = [cid for cid, _ in run.dp.entries]
+    out: dict[str, Any] = epsilon_section(run.ledger, ids) | {
+        "mechanism": "record_level_dpsgd (client gradients)", "privacy_unit": "record",
+        "neighboring_relation": "ADD_OR_REMOVE_ONE", "per_client": [eps[i] for i in ids],
+        "noise_multiplier": run.dp.noise_multiplier, "l2_clip_norm": run.dp.clip,
+        "sampling_rate_per_client": list(run.dp.rates),
+        "charged_epochs": [int(sum(n for _, n in run.ledger.composition(c).atoms))
+                           for c in charged],
+        "charged_clients": charged,
+        "assumptions": ["Poisson-sampled client minibatches whose outcome stays secret "
+                        "(amplification used)", "add or remove one record",
+                        "covers the per-epoch gradients only; the coded upload is priced "
+                        "separately in MI-DP (the two are not combined)"]}
+    if run.dp.calibrated is not None:
+        out["calibrated"] = run.dp.calibrated
+    return out
+
+
 def _setup(cfg: ScflConfig, methods: list[ScflMethod]) -> _Shared:
     data = load_data(cfg)
     d, o = data.x[0].shape[1], data.y[0].shape[1]
@@ -331,8 +455,17 @@ def _setup(cfg: ScflConfig, methods: list[ScflMethod]) -> _Shared:
 
 def run_method(method: ScflMethod, sh: _Shared, *, out: Path | None = None,
                resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
-    """Run one method for ``cfg.rounds`` epochs; returns its report entry (and ``_model``)."""
-    run = _Run(method, sh)
+    """Run one method for ``cfg.rounds`` epochs; returns its report entry (and ``_model``).
+
+    With gradient noise the method's ledger is ``OUT/ledger-<method>.jsonl`` (reopened,
+    never reset, on resume)."""
+    cfg = sh.cfg
+    ledger = None
+    if cfg.gradient_dp and method.uses_client_gradients:
+        ledger = open_ledger(out, method.value,
+                             population_id=f"{cfg.dataset}|seed={cfg.seed}|{method.value}",
+                             delta=cfg.delta, resume=resume)
+    run = _Run(method, sh, ledger)
     drive(run, checkpoints=checkpoint_dir(out, method.value),
           checkpoint_every=sh.cfg.checkpoint_every, eval_every=sh.cfg.eval_every,
           resume=resume, stop_after=stop_after)

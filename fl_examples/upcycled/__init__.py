@@ -104,8 +104,11 @@ def final_table(result: dict[str, Any]) -> str:
             p = r["privacy"]
             mark = "" if p["proven"] else "  [NOT PROVEN]"
             detail = _privacy_detail(p)
-            notes.append(f"{name}: eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} "
+            amount = (f"eps {p['epsilon_max']:.4g} for every client (the population's)"
+                      if p.get("privacy_unit") == "client" else
+                      f"eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g}")
+            notes.append(f"{name}: {amount} "
                          f"at delta={p['delta']:g} [{p['method']}], {detail}{mark}"
                          + (f"\n  {p['stopped']}" if "stopped" in p else ""))
-    return "\n".join(lines + (["", "privacy (per client, upper bounds):"] + notes
+    return "\n".join(lines + (["", "privacy (upper bounds):"] + notes
                               if notes else []))

@@ -222,8 +222,8 @@ def test_cli_help_documents_exit_status(capsys):
 @pytest.mark.parametrize("args,name", [
     (["audit", "gaussian", "--trials", "0"], "trials"),
     (["audit", "gaussian", "--trials", "abc"], "trials"),
-    (["audit", "gaussian", "--noise-scale", "nan"], "noise_scale"),
-    (["audit", "gaussian", "--noise-scale", "-0.5"], "noise_scale"),
+    (["audit", "gaussian", "--noise-scale", "nan"], "--noise-scale"),
+    (["audit", "gaussian", "--noise-scale", "-0.5"], "--noise-scale"),
     (["audit", "gaussian", "--seed", "-3"], "seed"),
     (["audit", "laplace"], "mechanism"),
     (["audit"], "mechanism"),

@@ -16,6 +16,13 @@ for many model versions in one bmm, clipping of all rows in one call, noise per 
 its own stream) against the naive path (each upload computed when its edge pulls, through
 ``LaplaceGradientNoise.__call__``). Both give the same model (tested). Timed: the training loop
 (gradients, clipping, noise, ledger charges, model updates), not the evaluations.
+
+``--gaussian`` instead measures the Gaussian mode's accuracy table of docs/trainers/mapa.md:
+``train mapa``'s defaults for ``--noise gaussian`` on digits (30 edges, expected batch 24,
+2000 updates, clip 1, constant step 0.1; ``--updates N`` to change), MAPA and AUDP with z
+calibrated so every edge's whole-run epsilon at delta = 1e-5 is at most 1, 2, 4 and 8, and
+non-private ASGD with the same settings; seeds 0, 1, 2 (``--seeds``). Each cell is the same as
+``privkit train mapa --noise gaussian --noise-for-epsilon E --seed S --out DIR``.
 """
 
 from __future__ import annotations
@@ -44,12 +51,47 @@ def train_rate(edges: int, updates: int, batched: bool, ds: object) -> tuple[flo
     return updates / res["history"][-1]["wall_time_s"], res["gradient_batches"]
 
 
+def gaussian_table(updates: int, seeds: list[int]) -> None:
+    """Final test accuracy of MAPA, AUDP (Gaussian noise, calibrated) and ASGD per seed."""
+    print(f"Gaussian mode, digits, 30 edges, b = 24, {updates} updates, clip 1, lr 0.1; "
+          f"seeds {seeds}")
+    print(f"{'epsilon':>8} {'algorithm':>9} {'z':>7} {'eps max':>8} {'test acc per seed':>24} "
+          f"{'mean':>6} {'wall s':>7}")
+    for eps in (1.0, 2.0, 4.0, 8.0, None):
+        rows: dict[str, list[tuple[float, float, float, float]]] = {}
+        for seed in seeds:
+            kw = {} if eps is None else {"noise_for_epsilon": eps}
+            cfg = MapaConfig(noise="gaussian", updates=updates, eval_every=updates, seed=seed,
+                             **kw)
+            ds = load_edges(cfg.dataset, edges=cfg.edges, seed=seed)
+            for alg in ("asgd",) if eps is None else ("mapa", "audp"):
+                t0 = time.perf_counter()
+                res = run_algorithm(alg, cfg, dataset=ds)
+                p = res.get("privacy", {})
+                rows.setdefault(alg, []).append(
+                    (res["history"][-1]["test_accuracy"], p.get("noise_multiplier", 0.0),
+                     p.get("epsilon_max", 0.0), time.perf_counter() - t0))
+        for alg, r in rows.items():
+            accs = " ".join(f"{a:.3f}" for a, *_ in r)
+            mean = sum(a for a, *_ in r) / len(r)
+            label = "none" if eps is None else f"{eps:g}"
+            print(f"{label:>8} {alg:>9} {r[0][1]:>7.3f} {max(x[2] for x in r):>8.4f} "
+                  f"{accs:>24} {mean:>6.3f} {sum(x[3] for x in r) / len(r):>7.1f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gaussian", action="store_true",
+                    help="the Gaussian mode's accuracy table instead of the throughput")
+    ap.add_argument("--updates", type=int, default=2000, help="with --gaussian")
+    ap.add_argument("--seeds", default="0,1,2", help="with --gaussian")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.gaussian:
+        gaussian_table(args.updates, [int(s) for s in args.seeds.split(",")])
+        return
     sim_updates = 20_000 if args.quick else 100_000
     print(f"part 1: event schedule, {sim_updates} applied updates")
     print(f"{'edges':>6} {'vectorized upd/s':>17} {'events upd/s':>13} {'ratio':>7}")

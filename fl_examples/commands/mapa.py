@@ -9,10 +9,11 @@ from typing import Any
 from fl_examples.commands import nonnegative_int, positive_int
 
 NAME = "mapa"
-HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace-style gradient noise"
+HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace or Gaussian gradient noise"
 DESCRIPTION = ("Asynchronous FL on a deterministic event simulator: edges upload clipped, "
-               "noised gradients (pure epsilon-DP each); the cloud applies them FIFO. MAPA "
-               "shrinks the clip bound stage by stage; AUDP keeps it fixed; ASGD adds no noise.")
+               "noised gradients (pure epsilon-DP each, or with --noise gaussian DP-SGD's "
+               "Poisson-sampled Gaussian steps); the cloud applies them FIFO. MAPA shrinks the "
+               "clip bound stage by stage; AUDP keeps it fixed; ASGD adds no noise.")
 
 
 def add_arguments(u: argparse.ArgumentParser) -> None:
@@ -25,24 +26,39 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--model", default="logreg", choices=["logreg", "cnn"],
                    help="cnn: the paper's CNN (28x28 images, d = 4380)")
     u.add_argument("--edges", type=float, default=30, help="K, number of edge servers")
-    u.add_argument("--epsilon", default="1",
-                   help="per-upload epsilon of every edge, or K comma-separated values")
+    u.add_argument("--epsilon", default=None,
+                   help="per-upload epsilon of every edge, or K comma-separated values "
+                        "(default 1; l2/l1 only: --noise gaussian sets its noise with "
+                        "--noise-for-epsilon or --noise-multiplier)")
     u.add_argument("--batch", type=float, default=24,
                    help="b, records per upload (distinct), or the expected number (poisson)")
-    u.add_argument("--batch-sampler", default="distinct", choices=["distinct", "poisson"],
-                   help="distinct: b distinct records per upload (default); poisson: each "
-                        "record independently with probability b/n_k, clipped sum divided by b")
+    u.add_argument("--batch-sampler", default=None, choices=["distinct", "poisson"],
+                   help="distinct: b distinct records per upload (default for l2/l1); "
+                        "poisson: each record independently with probability b/n_k, clipped "
+                        "sum divided by b (default and required for --noise gaussian)")
     u.add_argument("--amplification", action="store_true",
                    help="price uploads with amplification by Poisson subsampling (add/remove "
                         "neighbours; assumes the sampler's outcome stays secret); needs "
                         "--batch-sampler poisson")
     u.add_argument("--updates", type=float, default=2000, help="applied cloud updates T")
-    u.add_argument("--delta", type=float, default=1e-3,
-                   help="Thm 3's delta and the delta of every reported epsilon")
+    u.add_argument("--delta", type=float, default=None,
+                   help="Thm 3's delta and the delta of every reported epsilon (default 1e-3; "
+                        "1e-5 for --noise gaussian)")
     u.add_argument("--epsilon-budget", type=float, default=None,
                    help="stop before any edge's epsilon (at --delta) would exceed this")
-    u.add_argument("--noise", default="l2", choices=["l2", "l1"],
-                   help="l2: L2-norm Laplace (default); l1: per-coordinate Laplace")
+    u.add_argument("--noise", default="l2", choices=["l2", "l1", "gaussian"],
+                   help="l2: L2-norm Laplace (default); l1: per-coordinate Laplace; gaussian: "
+                        "N(0, (z C)^2 I) on the clipped sum of a Poisson-sampled batch (DP-SGD; "
+                        "epsilon per edge at --delta, add/remove one record)")
+    g = u.add_argument_group("gaussian noise (--noise gaussian)")
+    g.add_argument("--noise-multiplier", type=float, default=None,
+                   help="z: noise stddev / clip on the summed clipped gradients (default 1)")
+    g.add_argument("--noise-for-epsilon", type=float, default=None,
+                   help="calibrate z so that every edge's whole-run epsilon at --delta is at "
+                        "most this (instead of --noise-multiplier)")
+    g.add_argument("--clip", type=float, default=None,
+                   help="C: per-example clip, AUDP's fixed clip and MAPA's first-stage clip "
+                        "(default 1)")
     u.add_argument("--variance", default="sound", choices=["sound", "paper"],
                    help="Delta_0 in the step sizes: the noise's true E||eta||^2 (sound) or the "
                         "paper's 2 DeltaS^2/eps^2")
@@ -53,7 +69,15 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--sigma", type=float, default=30.0, help="MAPA/AUDP sigma (gradient noise)")
     u.add_argument("--lipschitz", type=float, default=10.0, help="L, the smoothness constant")
     u.add_argument("--r0", type=float, default=50.0, help="R, the estimate of f(x_1) - f*")
-    u.add_argument("--audp-clip", type=float, default=4.0, help="AUDP's fixed clip G")
+    u.add_argument("--audp-clip", type=float, default=None,
+                   help="AUDP's fixed clip G (default 4; l2/l1 only, --noise gaussian uses "
+                        "--clip)")
+    u.add_argument("--step-schedule", default="auto", choices=["auto", "paper", "constant"],
+                   help="paper: the paper's step sizes; constant: --lr for every update; auto "
+                        "(default): constant for ASGD and --noise gaussian, paper for AUDP and "
+                        "MAPA with l2/l1")
+    u.add_argument("--lr", type=float, default=0.1,
+                   help="the constant step size (--step-schedule constant or auto)")
     u.add_argument("--asgd-sigma", type=float, default=5.0, help="ASGD's sigma")
     t = u.add_argument_group("simulator (simulated seconds)")
     t.add_argument("--speed-dist", default="lognormal:0,1",
@@ -95,17 +119,34 @@ def _epsilon(text: str) -> Any:
     return vals if len(vals) > 1 else vals[0]
 
 
+def _pure_only(args: argparse.Namespace) -> None:
+    """Refuse the pure-DP noises' per-upload options with --noise gaussian (never ignored)."""
+    from privkit.errors import InvalidParameterError
+
+    if args.noise != "gaussian":
+        return
+    if args.epsilon is not None:
+        raise InvalidParameterError(
+            "epsilon", args.epsilon, "left out with --noise gaussian (a per-upload pure "
+            "epsilon; set the whole-run epsilon with --noise-for-epsilon)")
+    if args.audp_clip is not None:
+        raise InvalidParameterError("audp_clip", args.audp_clip,
+                                    "left out with --noise gaussian (its clip is --clip)")
+
+
 def run(args: argparse.Namespace) -> int:
     from fl_examples.mapa import MapaConfig, final_table, train
 
+    _pure_only(args)
     algorithms = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
     cfg = MapaConfig(
         dataset=args.dataset, model=args.model, edges=positive_int("edges", args.edges),
         batch=positive_int("batch", args.batch), updates=positive_int("updates", args.updates),
-        epsilon=_epsilon(args.epsilon), delta=args.delta, theta=args.theta, sigma=args.sigma,
-        lipschitz=args.lipschitz, r0=args.r0,
+        epsilon=_epsilon("1" if args.epsilon is None else args.epsilon), delta=args.delta,
+        theta=args.theta, sigma=args.sigma, lipschitz=args.lipschitz, r0=args.r0,
         tau_max=None if args.tau_max is None else nonnegative_int("tau_max", args.tau_max),
-        noise=args.noise, variance=args.variance, audp_clip=args.audp_clip,
+        noise=args.noise, variance=args.variance,
+        audp_clip=4.0 if args.audp_clip is None else args.audp_clip,
         asgd_sigma=args.asgd_sigma, speed_dist=args.speed_dist, link_dist=args.link_dist,
         compute_time_s=args.compute_time, link_time_s=args.link_time,
         cloud_time_s=args.cloud_time, jitter=args.jitter, seed=nonnegative_int("seed", args.seed),
@@ -114,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         batched=not args.naive, batch_sampler=args.batch_sampler,
         amplification=args.amplification,
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
+        noise_multiplier=args.noise_multiplier, noise_for_epsilon=args.noise_for_epsilon,
+        clip=args.clip, step_schedule=args.step_schedule, lr=args.lr,
     )
     res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
     if args.json:

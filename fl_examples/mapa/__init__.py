@@ -11,7 +11,9 @@ Intelligence* (arXiv 1912.07902), rebuilt as spec ``mapa.md`` describes:
   plus privkit's :class:`~privkit.mechanisms.LaplaceGradientNoise` noise (L2-norm Laplace by
   default, per-coordinate L1 Laplace as an option) at the edge's epsilon_k with sensitivity
   ``DeltaS = 2 C_s / b``. One upload is pure epsilon_k-DP.
-- **ASGD** (no privacy): ``gamma_t = 1 / (L (tau+1)^2 + sigma sqrt(t+1) / (R sqrt(b)))``.
+- **ASGD** (no privacy): ``gamma_t = 1 / (L (tau+1)^2 + sigma sqrt(t+1) / (R sqrt(b)))`` in the
+  paper; by default (``step_schedule="auto"``) a constant ``lr``, with which it learns (the
+  paper's step falls as 1/(tau+1)^2).
 - **AUDP**: a fixed clip G (``DeltaS = 2G/b``) and
   ``gamma_t = 1 / (2 L (tau+1) + sqrt(Delta_b t))``.
 - **MAPA**: Thm 3's first ``DeltaS = 2 sigma / (b sqrt(1 - sqrt(1 - delta)))``; per stage
@@ -40,6 +42,16 @@ subsampling: Li, Qardaji & Su, ASIACCS 2012; Balle, Barthe & Gaboardi, NeurIPS 2
 composed optimally as pure steps; it assumes the sampler's outcome (which records entered which
 batch) stays secret, and the report states that next to the amplified number and also gives
 the unamplified one.
+
+**Gaussian noise** (``noise="gaussian"``). Each upload is DP-SGD's release: a Poisson batch
+(rate q_k = b / n_k), every example's gradient clipped to C (``clip`` for AUDP, MAPA's stage
+clip C_s = theta^s ``clip``), summed, plus N(0, (z C)^2 I), divided by b. It is charged
+``PoissonSampledDpEvent(q_k, GaussianDpEvent(z))`` under add/remove one record (the stage clip
+changes C, never z, so every upload of an edge is the same event), and each edge's uploads
+compose on privkit's PLD (method AUTO) at ``delta`` (default 1e-5); the epsilon assumes the
+batches' membership stays secret. ``noise_for_epsilon`` calibrates z so that every edge ends
+at most at that epsilon; ``noise_multiplier`` sets it. Both private algorithms then step with
+the constant ``lr`` (``step_schedule="auto"``).
 
 **Checkpoints.** With ``checkpoint_every = N`` and an output directory, the run's full state
 (model, every edge's pulled model, in-flight gradients, ready flags, upload counters, DeltaS of
@@ -87,6 +99,7 @@ from fl_examples.mapa.config import (
 )
 from fl_examples.mapa.privacy import (
     AMPLIFICATION_ASSUMPTION,
+    GAUSSIAN_ASSUMPTION,
     PoissonSampledPureDpEvent,
     amplified_epsilon,
 )
@@ -99,14 +112,15 @@ from fl_examples.mapa.schedule import (
     audp_step,
     initial_sensitivity,
     noise_variance,
+    step_rule,
 )
 from privkit.errors import InvalidParameterError
 
 __all__ = [
-    "ALGORITHMS", "SAMPLERS", "AMPLIFICATION_ASSUMPTION", "MapaConfig", "Stage",
-    "MapaSchedule", "PoissonSampledPureDpEvent", "amplified_epsilon", "initial_sensitivity",
-    "noise_variance", "audp_step", "asgd_step", "load_edges", "make_model", "run_algorithm",
-    "train", "updates_to_loss", "final_table",
+    "ALGORITHMS", "SAMPLERS", "AMPLIFICATION_ASSUMPTION", "GAUSSIAN_ASSUMPTION", "MapaConfig",
+    "Stage", "MapaSchedule", "PoissonSampledPureDpEvent", "amplified_epsilon",
+    "initial_sensitivity", "noise_variance", "audp_step", "asgd_step", "step_rule",
+    "load_edges", "make_model", "run_algorithm", "train", "updates_to_loss", "final_table",
 ]  # fmt: skip
 
 

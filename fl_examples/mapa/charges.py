@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_examples.mapa.privacy import _price, _relation
+from fl_examples.mapa.privacy import _method, _price, _relation
 from privkit._journal import canonical_json
 from privkit.errors import BudgetExceededError, LedgerRollbackError
 from privkit.events import DpEvent, event_to_dict
@@ -187,5 +187,6 @@ class ChargesMixin:
         e = self._eps_cache.get(key)
         if e is None:
             e = self._eps_cache[key] = _price(event, n, self.cfg.delta,
-                                              relation or _relation(self.cfg))
+                                              relation or _relation(self.cfg),
+                                              _method(self.cfg))
         return e

@@ -18,16 +18,25 @@ from fl_examples.core.data import FederatedDataset, SyntheticPreset, digits, syn
 from fl_examples.core.deep_models import PooledCNN
 from fl_examples.core.models import MultinomialLogReg, PerExampleModel
 from fl_examples.core.run import check_shared_settings
-from fl_examples.mapa.schedule import NOISES, VARIANCES, _check_theta
+from fl_examples.mapa.schedule import NOISE_CHOICES, STEP_SCHEDULES, VARIANCES, _check_theta
 from privkit import _validate
 from privkit.errors import InvalidParameterError
 
-__all__ = ["ALGORITHMS", "SAMPLERS", "MapaConfig", "load_edges", "make_model"]
+__all__ = ["ALGORITHMS", "SAMPLERS", "DEFAULT_DELTA", "DEFAULT_CLIP", "MapaConfig", "load_edges",
+           "make_model"]
 
 ALGORITHMS = ("mapa", "audp", "asgd")
 
 
 SAMPLERS = ("distinct", "poisson")
+
+
+DEFAULT_DELTA = {"l2": 1e-3, "l1": 1e-3, "gaussian": 1e-5}
+"""``delta`` when none is given: Thm 3's 1e-3 for the pure-DP noises, 1e-5 for Gaussian."""
+
+
+DEFAULT_CLIP = 1.0
+"""The Gaussian mode's per-example clip C when none is given (measured: docs/trainers/mapa.md)."""
 
 
 @dataclass(frozen=True)
@@ -43,14 +52,21 @@ class MapaConfig:
         batch: b, distinct records per upload (``poisson``: the expected number, and the
             release's denominator); every edge needs >= b training records.
         updates: applied cloud updates T.
-        epsilon: eps_k of every edge (one number), or one per edge (a tuple of K).
-        delta: Thm 3's delta, also the delta every composed epsilon is reported at.
+        epsilon: eps_k of every edge (one number), or one per edge (a tuple of K): the
+            per-upload pure epsilon of ``l2`` / ``l1`` (unused by ``gaussian``).
+        delta: Thm 3's delta, also the delta every composed epsilon is reported at (None:
+            1e-3, or 1e-5 for ``gaussian``).
         theta, sigma, lipschitz, r0: MAPA's theta, sigma, L and R (testbed: 0.5, 30, 10, 50).
         tau_max: drop uploads staler than this, and use it in the step sizes; None: nothing is
             dropped and the step sizes use K - 1 (the mean staleness of K always-busy edges).
-        noise: ``l2`` (L2-norm Laplace, default) or ``l1`` (per-coordinate Laplace).
+        noise: ``l2`` (L2-norm Laplace, default), ``l1`` (per-coordinate Laplace) or
+            ``gaussian`` (DP-SGD's release: per-example clip C, sum of a Poisson batch,
+            N(0, (z C)^2 I), divided by b; charged ``PoissonSampledDpEvent(b / n_k,
+            GaussianDpEvent(z))`` per upload under add/remove one record, composed on privkit's
+            PLD).
         variance: ``sound`` (the noise's true E||eta||^2 in Delta_b) or ``paper``.
-        audp_clip: AUDP's fixed per-example clip G (testbed 4, DeltaS = 8/b).
+        audp_clip: AUDP's fixed per-example clip G (testbed 4, DeltaS = 8/b); ``gaussian``
+            uses ``clip`` instead.
         asgd_sigma: ASGD's sigma (testbed 5).
         speed_dist, link_dist, compute_time_s, link_time_s, cloud_time_s, jitter: the
             simulator's :class:`~fl_examples.core.asyncsim.TimingModel`.
@@ -63,13 +79,23 @@ class MapaConfig:
         device: ``auto``, ``cpu`` or ``cuda[:N]``.
         batched: compute pending uploads together (default); False: one at a time, through
             ``LaplaceGradientNoise.__call__`` (the reference path).
-        batch_sampler: ``distinct`` (b distinct records per upload, default) or ``poisson``
-            (each record independently with probability q_k = b / n_k; the clipped sum is
-            divided by b).
+        batch_sampler: ``distinct`` (b distinct records per upload) or ``poisson`` (each
+            record independently with probability q_k = b / n_k; the clipped sum is divided
+            by b). None: ``distinct``, or ``poisson`` for ``gaussian`` (which needs it).
         amplification: price uploads with amplification by Poisson subsampling (add/remove
             neighbours, sampler outcome secret); only with ``batch_sampler="poisson"``.
         checkpoint_every: with an output directory, checkpoint every this many applied
             updates (and at the end) into ``OUT/checkpoints/<algorithm>/``; 0: never.
+        noise_multiplier: ``gaussian`` only: z (None: 1, unless ``noise_for_epsilon``).
+        noise_for_epsilon: ``gaussian`` only: calibrate z so that every edge's whole-run
+            epsilon at ``delta`` is <= this, for the uploads the schedule makes.
+        clip: ``gaussian`` only: the per-example clip C, AUDP's fixed clip and MAPA's first
+            stage's (None: 1). The pure-DP noises use ``audp_clip`` and Thm 3.
+        step_schedule: ``paper`` (the paper's step sizes), ``constant`` (``lr`` for every
+            update) or ``auto`` (default: ``constant`` for ASGD and ``gaussian``, ``paper``
+            for AUDP and MAPA with ``l2`` / ``l1``); see
+            :func:`~fl_examples.mapa.schedule.step_rule`.
+        lr: the constant step size.
     """
 
     dataset: str = "digits"
@@ -78,7 +104,7 @@ class MapaConfig:
     batch: int = 24
     updates: int = 2000
     epsilon: float | tuple[float, ...] = 1.0
-    delta: float = 1e-3
+    delta: float | None = None
     theta: float = 0.5
     sigma: float = 30.0
     lipschitz: float = 10.0
@@ -100,11 +126,23 @@ class MapaConfig:
     target_loss: float | None = None
     device: str = "cpu"
     batched: bool = True
-    batch_sampler: str = "distinct"
+    batch_sampler: str | None = None
     amplification: bool = False
     checkpoint_every: int = 0
+    noise_multiplier: float | None = None
+    noise_for_epsilon: float | None = None
+    clip: float | None = None
+    step_schedule: str = "auto"
+    lr: float = 0.1
 
     def __post_init__(self) -> None:
+        if self.noise not in NOISE_CHOICES:
+            raise InvalidParameterError("noise", self.noise, "l2, l1 or gaussian")
+        gaussian = self.noise == "gaussian"
+        if self.delta is None:
+            object.__setattr__(self, "delta", DEFAULT_DELTA[self.noise])
+        if self.batch_sampler is None:
+            object.__setattr__(self, "batch_sampler", "poisson" if gaussian else "distinct")
         k = _validate.positive_int("edges", self.edges)
         _validate.positive_int("batch", self.batch)
         _validate.positive_int("updates", self.updates)
@@ -123,8 +161,6 @@ class MapaConfig:
         _validate.positive("r0", self.r0)
         if self.tau_max is not None:
             _validate.nonnegative_int("tau_max", self.tau_max)
-        if self.noise not in NOISES:
-            raise InvalidParameterError("noise", self.noise, "l2 or l1")
         if self.variance not in VARIANCES:
             raise InvalidParameterError("variance", self.variance, "sound or paper")
         _validate.positive("audp_clip", self.audp_clip)
@@ -146,6 +182,41 @@ class MapaConfig:
                 "amplification", self.amplification,
                 "used only with batch_sampler='poisson' (a Poisson sampler whose outcome stays "
                 "secret); a batch of b distinct records gets no amplification")
+        self._check_gaussian()
+        if self.step_schedule not in STEP_SCHEDULES:
+            raise InvalidParameterError("step_schedule", self.step_schedule,
+                                        " or ".join(STEP_SCHEDULES))
+        _validate.positive("lr", self.lr)
+
+    def _check_gaussian(self) -> None:
+        """The Gaussian mode's settings: Poisson batches, z given or calibrated, not both."""
+        if self.noise != "gaussian":
+            for name in ("noise_multiplier", "noise_for_epsilon", "clip"):
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(name, getattr(self, name),
+                                                "used only with noise='gaussian'")
+            return
+        if self.batch_sampler != "poisson":
+            raise InvalidParameterError(
+                "batch_sampler", self.batch_sampler,
+                "poisson with noise='gaussian' (its accounting is that of Poisson-sampled "
+                "minibatches)")
+        if self.amplification:
+            raise InvalidParameterError(
+                "amplification", self.amplification,
+                "False with noise='gaussian' (its events are Poisson-subsampled Gaussians "
+                "already; --amplification is for the pure-DP noises)")
+        if self.clip is None:
+            object.__setattr__(self, "clip", DEFAULT_CLIP)
+        _validate.positive("clip", self.clip)
+        if self.noise_multiplier is not None:
+            _validate.positive("noise_multiplier", self.noise_multiplier)
+        if self.noise_for_epsilon is not None:
+            _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
+            if self.noise_multiplier is not None:
+                raise InvalidParameterError(
+                    "noise_for_epsilon", self.noise_for_epsilon,
+                    "given without noise_multiplier (it calibrates the noise multiplier)")
 
     def timing(self) -> TimingModel:
         return TimingModel(self.speed_dist, self.link_dist, self.compute_time_s,
@@ -206,6 +277,11 @@ def _check_data(cfg: MapaConfig, ds: FederatedDataset) -> None:
     if ds.num_clients != cfg.edges:
         raise InvalidParameterError("edges", cfg.edges, f"the data set's {ds.num_clients} edges")
     smallest = int(ds.train_sizes.min())
+    if smallest < cfg.batch and cfg.noise == "gaussian":
+        raise InvalidParameterError(
+            "batch", cfg.batch, f"<= the smallest edge's training set ({smallest} records, "
+            f"{cfg.edges} edges): each edge's Poisson rate b / n_k must lie in (0, 1]; use "
+            "fewer edges or a smaller batch")
     if smallest < cfg.batch:
         raise InvalidParameterError(
             "batch", cfg.batch, f"<= the smallest edge's training set ({smallest} records, "

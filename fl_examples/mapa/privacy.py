@@ -1,13 +1,16 @@
 """What MAPA's uploads cost: their events, the budget stop, the ledger and the report section.
 
 One upload of edge k is pure eps_k-DP (replace-one, sensitivity ``2 C_s / b``), or with
-``amplification`` the Poisson-subsampled event under add/remove neighbours. Each edge's uploads
-compose optimally on its ledger; the run stops before the first upload that would take any
+``amplification`` the Poisson-subsampled event under add/remove neighbours, or with the
+Gaussian noise DP-SGD's ``PoissonSampledDpEvent(b / n_k, GaussianDpEvent(z))`` (add/remove one
+record, composed on privkit's PLD; z given or calibrated by :func:`gaussian_noise_multiplier`).
+Each edge's uploads compose on its ledger; the run stops before the first upload that would take any
 edge over the budget, a stop computed from the schedule before anything is charged.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import numpy as np
 
 import privkit
 from fl_examples.core.asyncsim import Schedule
+from fl_examples.core.dpsgd import DpSgdSettings, round_event
 from fl_examples.core.run import open_ledger
 from fl_examples.mapa.config import MapaConfig
 from fl_examples.mapa.schedule import _mechanism
@@ -24,15 +28,26 @@ from privkit.accountants.amplification import (
     PoissonSampledPureDpEvent,
     amplified_epsilon,
 )
+from privkit.errors import NumericalError
 from privkit.events import DpEvent, SelfComposedDpEvent
 from privkit.ledger import Ledger
 
-__all__ = ["AMPLIFICATION_ASSUMPTION", "PoissonSampledPureDpEvent", "amplified_epsilon",
-           "privacy_section"]
+__all__ = ["AMPLIFICATION_ASSUMPTION", "GAUSSIAN_ASSUMPTION", "PoissonSampledPureDpEvent",
+           "amplified_epsilon", "gaussian_noise_multiplier", "privacy_section"]
+
+GAUSSIAN_ASSUMPTION = "Poisson-sampled minibatches whose outcome stays secret"
+"""What the Gaussian mode's epsilon assumes (its events are Poisson-subsampled)."""
+
 
 def _upload_event(cfg: MapaConfig, eps: float, dim: int) -> DpEvent:
     """The event of one upload at eps (independent of the clip: the noise scales with it)."""
     return _mechanism(1.0, cfg.batch, eps, cfg.noise).event(dim)
+
+
+def _gaussian_event(batch: int, size: int, z: float) -> DpEvent:
+    """One Gaussian-mode upload of an edge with ``size`` records: DP-SGD's step event
+    ``PoissonSampledDpEvent(b / size, GaussianDpEvent(z))`` (the clip does not enter it)."""
+    return round_event(int(size), 1, DpSgdSettings(1.0, z, batch)).event
 
 
 def _sampling_probabilities(cfg: MapaConfig, sizes: np.ndarray) -> np.ndarray:
@@ -42,9 +57,14 @@ def _sampling_probabilities(cfg: MapaConfig, sizes: np.ndarray) -> np.ndarray:
     return np.array([cfg.batch / int(n) for n in sizes], dtype=np.float64)
 
 
-def _edge_events(cfg: MapaConfig, dim: int, sizes: np.ndarray) -> tuple[list[DpEvent],
-                                                                        list[DpEvent]]:
-    """(charged event, unamplified event) of one upload, per edge."""
+def _edge_events(cfg: MapaConfig, dim: int, sizes: np.ndarray, z: float | None = None
+                 ) -> tuple[list[DpEvent], list[DpEvent]]:
+    """(charged event, unamplified event) of one upload, per edge (``z``: the Gaussian
+    mode's noise multiplier)."""
+    if cfg.noise == "gaussian":
+        assert z is not None
+        events = [_gaussian_event(cfg.batch, int(n), z) for n in sizes.tolist()]
+        return events, events
     eps, q = cfg.epsilons(), _sampling_probabilities(cfg, sizes)
     base = [_upload_event(cfg, float(e), dim) for e in eps.tolist()]
     if not cfg.amplification:
@@ -53,22 +73,31 @@ def _edge_events(cfg: MapaConfig, dim: int, sizes: np.ndarray) -> tuple[list[DpE
 
 
 def _relation(cfg: MapaConfig) -> str:
-    """The ledger's neighbouring relation (add/remove when amplified, else replace-one)."""
-    return "ADD_OR_REMOVE_ONE" if cfg.amplification else "REPLACE_ONE"
+    """The ledger's neighbouring relation (add/remove when amplified or Gaussian, else
+    replace-one)."""
+    return "ADD_OR_REMOVE_ONE" if cfg.amplification or cfg.noise == "gaussian" \
+        else "REPLACE_ONE"
 
 
-def _price(event: DpEvent, n: int, delta: float, relation: str) -> float:
-    """Optimal-composition epsilon of n uses of ``event`` (what the ledger replays)."""
+def _method(cfg: MapaConfig) -> str:
+    """The ledger's accountant: optimal composition of pure steps, or privkit's AUTO (its
+    PLD) for the Gaussian mode's subsampled Gaussians."""
+    return "auto" if cfg.noise == "gaussian" else "optimal"
+
+
+def _price(event: DpEvent, n: int, delta: float, relation: str, method: str = "optimal"
+           ) -> float:
+    """Epsilon of n uses of ``event`` under ``method`` (what the ledger replays)."""
     rel = getattr(rules.NeighboringRelation, relation)
-    return privkit.epsilon(SelfComposedDpEvent(event, n), delta, "optimal",
+    return privkit.epsilon(SelfComposedDpEvent(event, n), delta, method,
                            neighboring_relation=rel).epsilon
 
 
-def _max_uploads(event: DpEvent, delta: float, budget: float, relation: str = "REPLACE_ONE"
-                 ) -> int:
-    """The most uploads of ``event`` whose optimal composition stays <= budget at delta."""
+def _max_uploads(event: DpEvent, delta: float, budget: float, relation: str = "REPLACE_ONE",
+                 method: str = "optimal") -> int:
+    """The most uploads of ``event`` whose composition stays <= budget at delta."""
     def eps(n: int) -> float:
-        return _price(event, n, delta, relation)
+        return _price(event, n, delta, relation, method)
 
     if eps(1) > budget:
         return 0
@@ -89,7 +118,7 @@ def _budget_stop(cfg: MapaConfig, schedule: Schedule, events: list[DpEvent]
     n = schedule.num_events
     if cfg.epsilon_budget is None:
         return n, None
-    cap = {ev: _max_uploads(ev, cfg.delta, cfg.epsilon_budget, _relation(cfg))
+    cap = {ev: _max_uploads(ev, cfg.delta, cfg.epsilon_budget, _relation(cfg), _method(cfg))
            for ev in dict.fromkeys(events)}
     limit = np.array([cap[ev] for ev in events])
     over = np.flatnonzero(schedule.upload >= limit[schedule.edge])
@@ -102,6 +131,58 @@ def _budget_stop(cfg: MapaConfig, schedule: Schedule, events: list[DpEvent]
                f"delta={cfg.delta:g} would exceed the budget {cfg.epsilon_budget:g}")
 
 
+DEFAULT_NOISE_MULTIPLIER = 1.0
+"""z of the Gaussian mode when neither ``noise_multiplier`` nor ``noise_for_epsilon`` is set."""
+
+
+def gaussian_noise_multiplier(cfg: MapaConfig, schedule: Schedule, sizes: np.ndarray
+                              ) -> tuple[float, dict[str, Any] | None]:
+    """(z, calibration record or None) of the Gaussian mode.
+
+    With ``noise_for_epsilon`` = E, z is the smallest noise multiplier (to privkit's
+    calibration precision, on the safe side) with which every edge's whole-run epsilon at
+    ``delta`` is <= E, for the uploads the schedule makes (all of them: applied or dropped,
+    each is released). Only edges that no other edge dominates (as many uploads or more and a
+    sampling rate as high or higher) can bind, so z is the largest of theirs.
+    """
+    if cfg.noise_for_epsilon is None:
+        z = DEFAULT_NOISE_MULTIPLIER if cfg.noise_multiplier is None else cfg.noise_multiplier
+        return float(z), None
+    counts = schedule.uploads_per_edge(schedule.num_events)
+    z, planned = _calibrate(tuple(int(c) for c in counts.tolist()),
+                            tuple(int(n) for n in sizes.tolist()), float(cfg.noise_for_epsilon),
+                            float(cfg.delta), int(cfg.batch))
+    return z, {"parameter": "noise_multiplier", "value": z,
+               "target_epsilon": cfg.noise_for_epsilon, "statistic": "max",
+               "planned_epsilon_max": planned,
+               "planned_uploads_max": int(counts.max()) if counts.size else 0}
+
+
+@functools.lru_cache(maxsize=16)
+def _calibrate(counts: tuple[int, ...], sizes: tuple[int, ...], target: float, delta: float,
+               batch: int) -> tuple[float, float]:
+    """(z, the largest planned edge epsilon at z) for :func:`gaussian_noise_multiplier`."""
+    pairs = {(c, batch / n, n) for c, n in zip(counts, sizes) if c > 0}
+    if not pairs:
+        return DEFAULT_NOISE_MULTIPLIER, 0.0
+    binding = [(c, n) for c, q, n in pairs
+               if not any(c2 >= c and q2 >= q and (c2, q2) != (c, q) for c2, q2, _ in pairs)]
+
+    def priced(z: float) -> float:
+        return max(_price(_gaussian_event(batch, n, z), c, delta, "ADD_OR_REMOVE_ONE", "auto")
+                   for c, n in binding)
+
+    z = max(privkit.calibrate_noise(
+        lambda x, c=c, n=n: SelfComposedDpEvent(_gaussian_event(batch, n, x), c),
+        target_epsilon=target, delta=delta)[0] for c, n in binding)
+    for _ in range(200):  # the ledger's replay is the authority: nudge z up until it agrees
+        eps = priced(z)
+        if eps <= target:
+            return z, eps
+        z *= 1.0 + 1e-4
+    raise NumericalError(f"no noise multiplier near {z:g} meets epsilon {target:g}")
+
+
 def _population(cfg: MapaConfig, algorithm: str) -> str:
     return f"{cfg.dataset}|edges={cfg.edges}|seed={cfg.seed}|{algorithm}"
 
@@ -112,7 +193,7 @@ def _open_ledger(cfg: MapaConfig, algorithm: str, out: Path | None,
     (which must hold these settings: population, delta, budget, method and relation)."""
     return open_ledger(out, algorithm, population_id=_population(cfg, algorithm),
                        delta=cfg.delta, resume=resume, check_settings=True,
-                       epsilon_budget=cfg.epsilon_budget, method="optimal",
+                       epsilon_budget=cfg.epsilon_budget, method=_method(cfg),
                        neighboring_relation=_relation(cfg))
 
 
@@ -127,6 +208,8 @@ def privacy_section(run: Any, uploads: np.ndarray) -> dict[str, Any]:
                         for i in ids])
     if not np.array_equal(charged, uploads):  # each upload charged exactly once
         raise RuntimeError("ledger charges differ from the uploads made")
+    if cfg.noise == "gaussian":
+        return _gaussian_section(run, per_edge, uploads)
     basic = uploads * run.eps
     poisson = cfg.batch_sampler == "poisson"
     if poisson:
@@ -187,6 +270,40 @@ def privacy_section(run: Any, uploads: np.ndarray) -> dict[str, Any]:
                                 "E||eta||^2 by " + ("d(d+1)/2" if cfg.noise == "l2"
                                                     else "d^2") + " (step sizes only; the "
                                 "privacy guarantee is unaffected)")
+    if run.stopped and run.events_done == run.end and run.end < run.sched.num_events:
+        out["stopped"] = run.stopped
+    return out
+
+
+def _gaussian_section(run: Any, per_edge: np.ndarray, uploads: np.ndarray) -> dict[str, Any]:
+    """The privacy section of a Gaussian-mode run (record-level DP-SGD per upload)."""
+    cfg = run.cfg
+    out: dict[str, Any] = {
+        "delta": cfg.delta,
+        "method": f"privkit PLD (AUTO), per edge, at delta={cfg.delta:g}",
+        "neighbouring_relation": "add/remove one record of the edge",
+        "epsilon_assumption": GAUSSIAN_ASSUMPTION,
+        "epsilon_mean": float(per_edge.mean()), "epsilon_max": float(per_edge.max()),
+        "per_edge": per_edge.tolist(),
+        "uploads_per_edge": uploads.tolist(),
+        "uploads_min": int(uploads.min()), "uploads_mean": float(uploads.mean()),
+        "uploads_max": int(uploads.max()),
+        "noise": (f"Gaussian N(0, (z C_s)^2 I) on the sum of clipped per-example gradients, "
+                  f"divided by the expected batch size b = {cfg.batch}; z = {run.z:.6g}"),
+        "noise_multiplier": run.z,
+        "clipping": "per-example L2 clip C_s (AUDP: --audp-clip; MAPA: its stage clip "
+                    "C_s = b DeltaS_s / 2)",
+        "batch_sampling": (f"Poisson: each record of edge k independently with probability "
+                           f"q_k = b / n_k (q_k from {run.q.min():.4g} to {run.q.max():.4g})"),
+        "event_per_upload": "PoissonSampledDpEvent(q_k, GaussianDpEvent(z))",
+        "sampling_probability": {"min": float(run.q.min()), "max": float(run.q.max())},
+        "amplified": True,
+        "amplification": GAUSSIAN_ASSUMPTION + ": each upload is a Poisson-subsampled "
+                         "Gaussian, composed with privkit's PLD",
+        "proven": True,
+    }
+    if run.calibration is not None:
+        out["calibrated"] = run.calibration
     if run.stopped and run.events_done == run.end and run.end < run.sched.num_events:
         out["stopped"] = run.stopped
     return out

@@ -47,15 +47,25 @@ def report_entry(run: Any) -> dict[str, Any]:
 
 def _step_description(run: Any) -> dict[str, Any]:
     cfg, tau = run.cfg, run.cfg.tau()
+    head = {"schedule": run.step_rule, "requested": cfg.step_schedule}
+    clip = {} if run.algorithm != "audp" else {"delta_s": run.audp_delta_s,
+                                                 "clip": run.audp_clip}
+    if run.step_rule == "constant":
+        out = head | {"formula": "gamma_t = lr (constant)", "lr": cfg.lr} | clip
+        if run.algorithm == "mapa":
+            out["note"] = ("MAPA's stages (clip C_s, length T_s) follow the paper's schedule; "
+                           "only the step is lr instead of the stage's gamma")
+        return out
     if run.algorithm == "asgd":
-        return {"formula": "1/(L (tau+1)^2 + sigma sqrt(t+1)/(R sqrt(b)))", "L": cfg.lipschitz,
-                "tau": tau, "sigma": cfg.asgd_sigma, "R": cfg.r0, "b": cfg.batch}
+        return head | {"formula": "1/(L (tau+1)^2 + sigma sqrt(t+1)/(R sqrt(b)))",
+                       "L": cfg.lipschitz, "tau": tau, "sigma": cfg.asgd_sigma, "R": cfg.r0,
+                       "b": cfg.batch}
     if run.algorithm == "audp":
-        return {"formula": "1/(2 L (tau+1) + sqrt(Delta_b t))", "L": cfg.lipschitz,
-                "tau": tau, "delta_s": run.audp_delta_s, "clip": cfg.audp_clip,
-                "delta_b": run.audp_delta_b, "variance": cfg.variance}
-    return {"formula": "1/(2 L P (tau+1)) per stage", "L": cfg.lipschitz, "tau": tau,
-            "theta": cfg.theta, "R": cfg.r0, "sigma": cfg.sigma, "variance": cfg.variance}
+        return head | {"formula": "1/(2 L (tau+1) + sqrt(Delta_b t))", "L": cfg.lipschitz,
+                       "tau": tau, "delta_b": run.audp_delta_b, "variance": cfg.variance} | clip
+    return head | {"formula": "1/(2 L P (tau+1)) per stage", "L": cfg.lipschitz, "tau": tau,
+                   "theta": cfg.theta, "R": cfg.r0, "sigma": cfg.sigma,
+                   "variance": cfg.variance}
 
 
 def updates_to_loss(history: list[dict[str, Any]], target: float) -> int | None:
@@ -138,7 +148,15 @@ def final_table(result: dict[str, Any]) -> str:
     for name, r in algs.items():
         if "diverged" in r:
             notes.append(f"{name}: {r['diverged']}")
-        if "privacy" in r:
+        if "privacy" in r and "noise_multiplier" in r["privacy"]:
+            p = r["privacy"]
+            notes.append(
+                f"{name}: per-edge eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} "
+                f"at delta={p['delta']:g} [{p['epsilon_assumption']}; add/remove one record; "
+                f"privkit PLD]; Gaussian noise multiplier z = {p['noise_multiplier']:.4g}; "
+                f"uploads per edge {p['uploads_min']}..{p['uploads_max']} (mean "
+                f"{p['uploads_mean']:.1f})" + (f"\n  {p['stopped']}" if "stopped" in p else ""))
+        elif "privacy" in r:
             p = r["privacy"]
             amp = (f" [{p['epsilon_assumption']}; unamplified: mean "
                    f"{p['epsilon_unamplified_mean']:.4g}, max {p['epsilon_unamplified_max']:.4g}]"

@@ -34,9 +34,16 @@ from fl_examples.mapa.privacy import (
     _edge_events,
     _open_ledger,
     _sampling_probabilities,
+    gaussian_noise_multiplier,
 )
 from fl_examples.mapa.report import report_entry
-from fl_examples.mapa.schedule import MapaSchedule, asgd_step, audp_step, noise_variance
+from fl_examples.mapa.schedule import (
+    MapaSchedule,
+    asgd_step,
+    audp_step,
+    noise_variance,
+    step_rule,
+)
 from fl_examples.mapa.uploads import _TAG_INIT, UploadsMixin, _Data, _evaluate, _pool
 from privkit.errors import InvalidParameterError
 from privkit.events import DpEvent
@@ -78,20 +85,26 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
         self.eps = cfg.epsilons()
         self.q = _sampling_probabilities(cfg, data.sizes)
         self.events = schedule.events_of_edge()
+        # the Gaussian mode's noise multiplier z (given, or calibrated to the schedule)
+        self.z, self.calibration = gaussian_noise_multiplier(cfg, schedule, data.sizes) \
+            if cfg.noise == "gaussian" and self.private else (None, None)
         # per edge: the event each upload is charged, and its unamplified version
-        self.edge_events, self.base_events = _edge_events(cfg, self.dim, data.sizes) \
+        self.edge_events, self.base_events = _edge_events(cfg, self.dim, data.sizes, self.z) \
             if self.private else ([], [])
         self.end, self.stopped = _budget_stop(cfg, schedule, self.edge_events) \
             if self.private else (schedule.num_events, None)
         tau = cfg.tau()
+        self.step_rule = step_rule(cfg.step_schedule, algorithm, cfg.noise)
         self.mapa = MapaSchedule(
             sigma=cfg.sigma, batch=cfg.batch, delta=cfg.delta, epsilon0=float(self.eps.min()),
             lipschitz=cfg.lipschitz, r0=cfg.r0, tau=tau, theta=cfg.theta, dim=self.dim,
-            noise=cfg.noise, variance=cfg.variance) if algorithm == "mapa" else None
-        self.audp_delta_s = 2.0 * cfg.audp_clip / cfg.batch
+            noise=cfg.noise, variance=cfg.variance, noise_multiplier=self._z_for_steps(),
+            initial_clip=cfg.clip) if algorithm == "mapa" else None
+        self.audp_clip = cfg.clip if cfg.noise == "gaussian" else cfg.audp_clip
+        self.audp_delta_s = 2.0 * self.audp_clip / cfg.batch
         self.audp_delta_b = cfg.sigma**2 / cfg.batch + noise_variance(
             self.audp_delta_s, float(self.eps.min()), self.dim, batch=cfg.batch, noise=cfg.noise,
-            variance=cfg.variance)
+            variance=cfg.variance, noise_multiplier=self._z_for_steps())
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
             cfg.seed, spawn_key=(_TAG_INIT,)).generate_state(1, np.uint64)[0] >> 1))
         self.x = flatten(model.init(1, generator=gen))[0].to(device)
@@ -111,6 +124,14 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
         self._json_cache: dict[DpEvent, str] = {}
         self._eps_cache: dict[tuple[DpEvent, int], float] = {}
         self._meta = {"noise": cfg.noise, "sampler": cfg.batch_sampler}
+        if self.z is not None:
+            self._meta["noise_multiplier"] = self.z
+
+    def _z_for_steps(self) -> float | None:
+        """z in the step-size formulas (ASGD never uses them with noise: any z will do)."""
+        if self.cfg.noise != "gaussian":
+            return None
+        return self.z if self.z is not None else 1.0
 
     # -- per-update quantities ------------------------------------------------------------
     def _delta_s_for(self, version: int) -> float:
@@ -121,8 +142,10 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
         return self.audp_delta_s
 
     def step_size(self, t: int) -> float:
-        """gamma of update t (1-based)."""
+        """gamma of update t (1-based): ``lr`` (the constant rule) or the paper's formula."""
         cfg, tau = self.cfg, self.cfg.tau()
+        if self.step_rule == "constant":
+            return cfg.lr
         if self.algorithm == "mapa":
             assert self.mapa is not None
             return self.mapa.for_update(t).gamma
@@ -290,8 +313,9 @@ def run_algorithm(algorithm: str, cfg: MapaConfig, *, out: Path | None = None,
     if schedule is None:
         schedule = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed,
                             tau_max=cfg.tau_max)
-    ledger = _open_ledger(cfg, algorithm, out, resume) if algorithm != "asgd" else None
-    run = _Run(algorithm, cfg, model, _pool(ds, device), schedule, ledger, device)
+    run = _Run(algorithm, cfg, model, _pool(ds, device), schedule, None, device)
+    # opened once the run's settings hold (the Gaussian mode's z is calibrated by now)
+    run.ledger = _open_ledger(cfg, algorithm, out, resume) if algorithm != "asgd" else None
     drive(run, checkpoints=checkpoint_dir(out, algorithm), checkpoint_every=cfg.checkpoint_every,
           eval_every=cfg.eval_every, resume=resume)
     return run.report()

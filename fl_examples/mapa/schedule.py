@@ -18,13 +18,39 @@ from privkit import _validate
 from privkit.errors import InvalidParameterError
 from privkit.mechanisms import LaplaceGradientNoise, NoiseShape
 
-__all__ = ["NOISES", "VARIANCES", "initial_sensitivity", "noise_variance", "Stage",
-           "MapaSchedule", "audp_step", "asgd_step"]
+__all__ = ["NOISES", "NOISE_CHOICES", "VARIANCES", "STEP_SCHEDULES", "step_rule",
+           "initial_sensitivity", "noise_variance", "Stage", "MapaSchedule", "audp_step",
+           "asgd_step"]
 
 NOISES = {"l2": NoiseShape.L2, "l1": NoiseShape.L1}
+"""The pure-DP noises (shapes of :class:`~privkit.mechanisms.LaplaceGradientNoise`)."""
+
+
+NOISE_CHOICES = ("l2", "l1", "gaussian")
+"""Every ``noise``: the pure-DP ones and ``gaussian`` (DP-SGD's, Poisson-sampled batches)."""
 
 
 VARIANCES = ("sound", "paper")
+
+
+STEP_SCHEDULES = ("auto", "paper", "constant")
+"""Step-size choices (:func:`step_rule`): ``paper`` (the paper's formulas for all three),
+``constant`` (``lr`` for all three) and ``auto``, the default (see :func:`step_rule`)."""
+
+
+def step_rule(step_schedule: str, algorithm: str, noise: str) -> str:
+    """The rule an algorithm's updates use: ``paper`` or ``constant``.
+
+    ``auto`` picks ``constant`` for ASGD (the paper's ASGD step falls as 1/(tau+1)^2 and
+    stalls at high staleness) and for the Gaussian noise, and ``paper`` for AUDP and MAPA with
+    the pure-DP noises (their noise-aware formulas: a constant step with Laplace noise of norm
+    about d DeltaS / eps makes the loss blow up).
+    """
+    if step_schedule not in STEP_SCHEDULES:
+        raise InvalidParameterError("step_schedule", step_schedule, " or ".join(STEP_SCHEDULES))
+    if step_schedule != "auto":
+        return step_schedule
+    return "constant" if algorithm == "asgd" or noise == "gaussian" else "paper"
 
 
 def initial_sensitivity(sigma: float, batch: int, delta: float) -> float:
@@ -51,17 +77,24 @@ def _mechanism(delta_s: float, batch: int, epsilon: float, noise: str) -> Laplac
 
 
 def noise_variance(delta_s: float, epsilon: float, dim: int, *, batch: int, noise: str = "l2",
-                   variance: str = "sound") -> float:
+                   variance: str = "sound", noise_multiplier: float | None = None) -> float:
     """Delta_0: E||eta||^2 of one upload's noise at sensitivity ``delta_s``.
 
     ``sound``: the mechanism's true value, d(d+1) (DeltaS/eps)^2 for ``l2`` and
     2 d^2 (DeltaS/eps)^2 for ``l1``. ``paper``: 2 DeltaS^2 / eps^2, the 1-D Laplace variance
-    the paper uses (it understates the l2 noise by d(d+1)/2).
+    the paper uses (it understates the l2 noise by d(d+1)/2). ``gaussian`` (clip
+    C = b DeltaS / 2, noise N(0, (z C)^2 I) on the clipped sum, divided by b): d (z DeltaS / 2)^2,
+    or with ``paper`` one coordinate's (z DeltaS / 2)^2; ``epsilon`` is then unused.
     """
     if variance not in VARIANCES:
         raise InvalidParameterError("variance", variance, "sound or paper")
-    if noise not in NOISES:
-        raise InvalidParameterError("noise", noise, "l2 or l1")
+    if noise not in NOISE_CHOICES:
+        raise InvalidParameterError("noise", noise, "l2, l1 or gaussian")
+    if noise == "gaussian":
+        z = _validate.positive("noise_multiplier", noise_multiplier)
+        per_coordinate = (z * _validate.positive("delta_s", delta_s) / 2.0) ** 2
+        return per_coordinate * (1 if variance == "paper" else
+                                 _validate.positive_int("dim", dim))
     if variance == "paper":
         return 2.0 * (_validate.positive("delta_s", delta_s)
                       / _validate.positive("epsilon", epsilon)) ** 2
@@ -100,9 +133,12 @@ class MapaSchedule:
         tau: the staleness bound used in the formulas, >= 0.
         theta: the per-stage shrink factor, in (0, 1).
         dim: d, the number of model coordinates.
-        noise: the noise shape (``l2`` or ``l1``), see :func:`noise_variance`.
+        noise: the noise (``l2``, ``l1`` or ``gaussian``), see :func:`noise_variance`.
         variance: ``sound`` (the noise's true variance) or ``paper``, see
             :func:`noise_variance`.
+        noise_multiplier: z of the ``gaussian`` noise (unused otherwise).
+        initial_clip: the first stage's clip C_0 (DeltaS_0 = 2 C_0 / b); None: Theorem 3's
+            (:func:`initial_sensitivity`).
 
     Examples:
         >>> s = MapaSchedule(sigma=30, batch=24, delta=1e-3, epsilon0=1, lipschitz=10, r0=50,
@@ -113,7 +149,9 @@ class MapaSchedule:
 
     def __init__(self, *, sigma: float, batch: int, delta: float, epsilon0: float,
                  lipschitz: float, r0: float, tau: int, theta: float, dim: int,
-                 noise: str = "l2", variance: str = "sound") -> None:
+                 noise: str = "l2", variance: str = "sound",
+                 noise_multiplier: float | None = None,
+                 initial_clip: float | None = None) -> None:
         self.sigma = _validate.positive("sigma", sigma)
         self.batch = _validate.positive_int("batch", batch)
         self.delta = _validate.delta("delta", delta)
@@ -123,15 +161,18 @@ class MapaSchedule:
         self.tau = _validate.nonnegative_int("tau_max", tau)
         self.theta = _check_theta(theta)
         self.dim = _validate.positive_int("dim", dim)
-        noise_variance(1.0, 1.0, 1, batch=1, noise=noise, variance=variance)  # validate names
-        self.noise, self.variance = noise, variance
+        noise_variance(1.0, 1.0, 1, batch=1, noise=noise, variance=variance,
+                       noise_multiplier=noise_multiplier)  # validate names (and z)
+        self.noise, self.variance, self.noise_multiplier = noise, variance, noise_multiplier
+        self.initial_clip = None if initial_clip is None else _validate.positive(
+            "clip", initial_clip)
         self._stages: list[Stage] = []
         self._ends: list[int] = []  # last update of each stage
 
     def _make(self, index: int, start: int, delta_s: float) -> Stage:
         b, tau1, lip = self.batch, self.tau + 1, self.lipschitz
         d0 = noise_variance(delta_s, self.epsilon0, self.dim, batch=b, noise=self.noise,
-                            variance=self.variance)
+                            variance=self.variance, noise_multiplier=self.noise_multiplier)
         db = self.sigma**2 / b + d0
         raw = 8.0 * db / (self.theta**2 * b**2 * delta_s**2 * tau1)
         p = max(1.0, raw)
@@ -144,7 +185,9 @@ class MapaSchedule:
         i = _validate.nonnegative_int("index", index)
         while len(self._stages) <= i:
             if not self._stages:
-                st = self._make(0, 1, initial_sensitivity(self.sigma, self.batch, self.delta))
+                first = initial_sensitivity(self.sigma, self.batch, self.delta) \
+                    if self.initial_clip is None else 2.0 * self.initial_clip / self.batch
+                st = self._make(0, 1, first)
             else:
                 prev = self._stages[-1]
                 st = self._make(prev.index + 1, prev.start + prev.length,

@@ -22,7 +22,13 @@ from torch import Tensor
 
 from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.mapa.schedule import _mechanism
-from privkit.mechanisms import NoiseShape, clip_per_example, l2_laplace_noise, laplace_noise
+from privkit.mechanisms import (
+    NoiseShape,
+    clip_per_example,
+    gaussian_noise,
+    l2_laplace_noise,
+    laplace_noise,
+)
 
 __all__: list[str] = []
 
@@ -97,6 +103,7 @@ class UploadsMixin:
     private: bool
     eps: np.ndarray
     q: np.ndarray
+    z: float | None
     x: Tensor
     pulled: Tensor
     grads: Tensor
@@ -188,8 +195,12 @@ class UploadsMixin:
         mean64 = per.sum(1) / b
         noise = np.empty((m, d))
         for i, (k, u) in enumerate(zip(ks, ups)):
-            mech = _mechanism(float(ds[i]), b, float(self.eps[k]), self.cfg.noise)
             rng = _stream(self.cfg.seed, _TAG_NOISE, k, u)
+            if self.cfg.noise == "gaussian":  # N(0, (z C)^2 I) on the clipped sum, then / b
+                clip = b * float(ds[i]) / 2.0
+                noise[i] = gaussian_noise(noise[i], self.z * clip, rng=rng) / b
+                continue
+            mech = _mechanism(float(ds[i]), b, float(self.eps[k]), self.cfg.noise)
             if mech.shape is NoiseShape.L2:
                 noise[i] = l2_laplace_noise(noise[i], mech.alpha, rng=rng)
             else:

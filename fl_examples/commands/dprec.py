@@ -1,4 +1,4 @@
-"""``privkit train dprec``: DP-REC (compressed private FedAvg) with a DP-FedAvg baseline."""
+"""``privkit train dprec``: DP-REC (compressed private FedAvg) with DP-FedAvg and FedAvg."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from fl_examples.commands import nonnegative_int, positive_int
 NAME = "dprec"
 HELP = "DP-REC (relative entropy coding) and DP-FedAvg at the same epsilon"
 DESCRIPTION = ("DP-REC: clipped client updates sent as a seed plus a few bits through relative "
-               "entropy coding (the sampling is the privacy noise), with a DP-FedAvg baseline "
-               "calibrated to the same central epsilon.")
+               "entropy coding (the sampling is the privacy noise), with a client-level "
+               "DP-FedAvg baseline at the same central epsilon and a non-private FedAvg "
+               "reference.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,26 +23,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--digits-classes", type=float, default=0,
                    help="classes per digits client (0: IID)")
     p.add_argument("--model", default="logreg", choices=["logreg", "cnn"])
-    p.add_argument("--clients-per-round", type=float, default=10,
-                   help="|S'|: draws per round (with replacement for DP-REC)")
-    p.add_argument("--rounds", type=float, default=200)
+    p.add_argument("--algorithm", default="dprec", choices=["dprec", "dpfedavg", "fedavg"],
+                   help="the algorithm run first (--compare adds the others)")
+    p.add_argument("--compare", default="dpfedavg,fedavg",
+                   help="comma-separated: dpfedavg, fedavg (non-private reference), dprec, "
+                        "or '' (default: dpfedavg,fedavg)")
+    p.add_argument("--clients-per-round", type=float, default=30,
+                   help="|S'|: DP-REC's draws per round (with replacement)")
+    p.add_argument("--client-rate", type=float, default=None,
+                   help="q: DP-FedAvg's (and FedAvg's) Poisson rate, each client joins a round "
+                        "with probability q, in (0, 1] (default: clients-per-round / N)")
+    p.add_argument("--rounds", type=float, default=50)
     p.add_argument("--bits", type=float, default=8, help="bits per group (K = 2**bits)")
     p.add_argument("--groups", default="per-layer",
                    help="per-layer | whole | per-parameter | chunks:N")
     p.add_argument("--l2-clip", type=float, default=0.5, help="C, update clip norm")
-    p.add_argument("--stddev", type=float, default=1.0, help="sigma of the REC prior/target")
-    p.add_argument("--epochs", type=float, default=1, help="local epochs")
+    p.add_argument("--stddev", type=float, default=1.0,
+                   help="sigma of the REC prior/target (replaced by the calibrated value with "
+                        "--epsilon)")
+    p.add_argument("--epochs", type=float, default=5, help="local epochs")
     p.add_argument("--batch-size", type=float, default=16)
     p.add_argument("--lr", type=float, default=0.5, help="local learning rate")
     p.add_argument("--server-lr", type=float, default=1.0)
+    p.add_argument("--server-momentum", type=float, default=0.0,
+                   help="heavy-ball momentum of the server step, in [0, 1)")
     p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="target central epsilon: calibrate DP-REC's --stddev and DP-FedAvg's "
+                        "noise to reach it after --rounds rounds (default: DP-REC uses "
+                        "--stddev and DP-FedAvg matches its epsilon)")
     p.add_argument("--epsilon-budget", type=float, default=None,
                    help="stop before the central epsilon would exceed this")
     p.add_argument("--dpfedavg-noise", type=float, default=None,
-                   help="DP-FedAvg noise multiplier (default: calibrated to DP-REC's epsilon)")
+                   help="DP-FedAvg noise multiplier z, noise stddev of the sum / --l2-clip "
+                        "(default: calibrated)")
+    p.add_argument("--relation", default=None, choices=["add-remove", "replace-one"],
+                   help="neighbouring federations differ by adding/removing one client or by "
+                        "replacing one (default: DP-FedAvg add-remove, DP-REC replace-one, "
+                        "the only relation its bound is proven under: add-remove is refused "
+                        "when DP-REC runs)")
     p.add_argument("--no-history-compression", action="store_true",
                    help="always send the full model downlink")
-    p.add_argument("--compare", default="dpfedavg", help="dpfedavg or '' (DP-REC only)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--seed", type=float, default=0)
     p.add_argument("--eval-every", type=float, default=5)
@@ -62,19 +84,22 @@ def run(args: argparse.Namespace) -> int:
         digits_classes=nonnegative_int("digits_classes", args.digits_classes),
         model=args.model,
         clients_per_round=positive_int("clients_per_round", args.clients_per_round),
+        client_rate=args.client_rate,
         rounds=positive_int("rounds", args.rounds), bits=positive_int("bits", args.bits),
         groups=args.groups, l2_clip=args.l2_clip, stddev=args.stddev,
         local_epochs=positive_int("epochs", args.epochs),
         batch_size=positive_int("batch_size", args.batch_size), lr=args.lr,
-        server_lr=args.server_lr, delta=args.delta, epsilon_budget=args.epsilon_budget,
-        dpfedavg_noise=args.dpfedavg_noise,
+        server_lr=args.server_lr, server_momentum=args.server_momentum, delta=args.delta,
+        epsilon=args.epsilon, epsilon_budget=args.epsilon_budget,
+        dpfedavg_noise=args.dpfedavg_noise, relation=args.relation,
         history_compression=not args.no_history_compression, device=args.device,
         seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
     compare = tuple(c for c in args.compare.split(",") if c)
-    res = train(cfg, compare=compare, out=args.out, resume=args.resume)
+    res = train(cfg, compare=compare, out=args.out, resume=args.resume,
+                algorithm=args.algorithm)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],
                               "privacy": {k: v for k, v in r["privacy"].items()

@@ -1,49 +1,62 @@
-"""DP-REC (private, compressed FedAvg through relative entropy coding) and a DP-FedAvg baseline.
+"""DP-REC (private, compressed FedAvg through relative entropy coding), DP-FedAvg and FedAvg.
 
 DP-REC (Triastcyn, Reisser & Louizos, arXiv 2111.05454, Algorithms 3-6): each round the server
 makes ``clients_per_round`` independent uniform draws *with replacement* from the N clients.
 Each drawn client trains locally from the global model, clips its update to ``l2_clip``, and
 sends it through REC (:func:`privkit.mechanisms.rec.encode`: a fresh 128-bit seed plus one
-``bits``-bit index per group). The server decodes every message and averages them
-(FedAvg server step with ``server_lr``). No noise is added: the REC selection is the noise.
+``bits``-bit index per group). The server decodes every message and averages them, then takes
+its step (``server_lr``, ``server_momentum``). No noise is added: the REC selection is the
+noise.
 
-DP-FedAvg (McMahan et al. 2018, central DP): each round samples ``clients_per_round`` distinct
-clients, clips each update to ``l2_clip``, and adds N(0, (2 C z)^2 I) to the *sum*
-(replace-one sensitivity 2C), divided by the number of clients. Its noise multiplier z is
-calibrated so that after ``rounds`` rounds its (replace-one, amplified) epsilon equals DP-REC's
-central epsilon (:func:`calibrate_dpfedavg`).
+DP-FedAvg (McMahan et al. 2018, central client-level DP): each round every client joins
+independently with probability q (``client_rate``, default ``clients_per_round / N``; the
+outcome stays secret); :class:`privkit.ClientLevelGaussian` clips each sampled client's
+update to ``l2_clip``, adds N(0, (z C)^2 I) once to the sum (also when nobody was sampled),
+and the sum is divided by the fixed expected count q N, never the realised one
+(:class:`~fl_examples.core.dp_modes.ClientDpPlan`). FedAvg (``--compare fedavg``) is the
+non-private reference: the same sampling and server step, no clipping, no noise.
 
-Privacy: every client's *local* guarantee (its own messages composed, no amplification) is
-charged on a per-algorithm :class:`privkit.ledger.Ledger` (``OUT/ledger-<alg>.jsonl``,
-replace-one) before any message is encoded; the *central* guarantee (amplified by secret
-sampling) is priced each round with :mod:`privkit.accountants.rec` (DP-REC: T |S'|
-with-replacement draws at rate 1/N, Wang-Balle-Kasiviswanathan) or dp-accounting's RDP of
-sampling without replacement (DP-FedAvg), and the run stops before a round that would take it
-over ``epsilon_budget``.
+Noise: with ``epsilon`` both DP-REC's sigma and DP-FedAvg's z are calibrated so that the run
+ends at that central epsilon; otherwise DP-REC uses ``stddev`` and DP-FedAvg is calibrated to
+DP-REC's central epsilon (``dpfedavg_noise`` fixes z either way).
 
-Communication: DP-REC uplink is ``128 + M * bits`` per message; downlink is the float32 model
-(``32 d`` bits) per participating client per round, or, with ``history_compression``, the
-(seed, indices) messages of every round since that client last participated when that is
-shorter (plus one flag bit; a first-time client also gets a 128-bit initialisation seed);
-clients replay the server's deterministic FedAvg step. DP-FedAvg sends ``32 d`` bits each way.
+Privacy and relations: DP-REC charges every drawn client's message on its ledger
+(``OUT/ledger-dprec.jsonl``) before it is encoded (the *local* guarantee: its own messages
+composed, no amplification); its *central* guarantee (amplified by secret sampling with
+replacement: T |S'| draws at rate 1/N, Wang-Balle-Kasiviswanathan) is proven under
+**replace-one** only, so DP-REC refuses ``relation="add-remove"``. DP-FedAvg charges one
+release of the whole population per round (``OUT/ledger-dpfedavg.jsonl``, id ``population``,
+event ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``) under **add-remove** one client by
+default, or replace-one (sensitivity 2C: ``GaussianDpEvent(z / 2)``); it assumes
+:data:`privkit.mechanisms.aggregate.TRUST_ASSUMPTION` (a trusted aggregator or secure
+aggregation). Each ledger records its relation; a resume under another relation is refused.
+A run stops before a round that would take its central epsilon over ``epsilon_budget``.
+
+Communication: DP-REC uplink is ``128 + M * bits`` per message; downlink is the float32 server
+state (``32 d`` bits, twice that with server momentum) per participating client per round, or,
+with ``history_compression``, the (seed, indices) messages of every round since that client
+last participated when that is shorter (plus one flag bit; a first-time client also gets a
+128-bit initialisation seed); clients replay the server's deterministic step. DP-FedAvg and
+FedAvg send ``32 d`` bits up per sampled client and the state down.
 
 Checkpoints (``checkpoint_every``): ``OUT/checkpoints/<alg>/`` holds the model, the server
-state (seen seeds, downlink bookkeeping), bit counters, history and the ledger pointer; every
-random stream of a round comes from the seed tree by round, so no generator state is needed.
-``resume=True`` reopens the ledgers and continues from the latest checkpoint; charges of rounds
-that were charged but not checkpointed (a crash after the write-ahead charge) are recognised
-and adopted, never made twice, so the finished run equals an uninterrupted one bitwise except
-for the wall-clock fields ``wall_time_s`` and ``client_compute_s``. An older checkpoint or an
-older ledger than the other is refused (:meth:`fl_examples.dprec.run._Run.adopt`).
+state (momentum buffer, seen seeds, downlink bookkeeping), bit counters, history and the
+ledger pointer; every random stream of a round comes from the seed tree by round, so no
+generator state is needed. ``resume=True`` reopens the ledgers and continues from the latest
+checkpoint; charges of rounds that were charged but not checkpointed (a crash after the
+write-ahead charge) are recognised and adopted, never made twice, so the finished run equals
+an uninterrupted one bitwise except for the wall-clock fields ``wall_time_s`` and
+``client_compute_s``. An older checkpoint or an older ledger than the other is refused
+(:meth:`fl_examples.dprec.run._Run.adopt`).
 
-The package: :mod:`~fl_examples.dprec.config` (settings, data, model),
-:mod:`~fl_examples.dprec.accounting` (central epsilons and DP-FedAvg's calibration) and
+The package: :mod:`~fl_examples.dprec.config` (settings, relations, data, model),
+:mod:`~fl_examples.dprec.accounting` (central epsilons and the calibrations) and
 :mod:`~fl_examples.dprec.run` (one algorithm's run on the trainer skeleton); :func:`train` runs
-DP-REC and its baseline and writes the report.
+DP-REC and its baselines and writes the report.
 
-Run it as ``privkit train dprec --dataset digits --clients 100 --clients-per-round 10
---bits 8 --groups per-layer --l2-clip 0.5 --stddev 1.0 --rounds 200 --compare dpfedavg
---out DIR`` (add ``--checkpoint-every N``, and ``--resume`` after a crash).
+Run it as ``privkit train dprec --epsilon 8 --compare dpfedavg,fedavg --out DIR`` (the
+defaults: digits over 100 clients; see ``docs/trainers/dprec.md`` for the measured table and
+the paper-like settings); add ``--checkpoint-every N``, and ``--resume`` after a crash.
 """
 from __future__ import annotations
 
@@ -54,52 +67,81 @@ from typing import Any
 from fl_examples.core.report import Column, text_table, write_report
 from fl_examples.dprec.accounting import (
     calibrate_dpfedavg,
+    calibrate_dprec,
     dpfedavg_central_epsilon,
     dprec_central_epsilon,
 )
-from fl_examples.dprec.config import ALGORITHMS, DPRecConfig, load_dataset
-from fl_examples.dprec.run import run_algorithm
+from fl_examples.dprec.config import (
+    ALGORITHMS,
+    RELATIONS,
+    DPRecConfig,
+    check_relation,
+    load_dataset,
+)
+from fl_examples.dprec.run import num_groups, run_algorithm
 from privkit.errors import InvalidParameterError
+from privkit.mechanisms.aggregate import TRUST_ASSUMPTION
 
-__all__ = ["ALGORITHMS", "DPRecConfig", "train", "run_algorithm", "calibrate_dpfedavg",
-           "dprec_central_epsilon", "dpfedavg_central_epsilon", "final_table", "load_dataset"]
+__all__ = ["ALGORITHMS", "RELATIONS", "DPRecConfig", "train", "run_algorithm",
+           "calibrate_dpfedavg", "calibrate_dprec", "dprec_central_epsilon",
+           "dpfedavg_central_epsilon", "final_table", "load_dataset"]
 
 
 def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
-          out: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Run DP-REC and the ``compare`` baselines (DP-FedAvg at DP-REC's epsilon); write a report.
+          out: str | Path | None = None, resume: bool = False,
+          algorithm: str = "dprec") -> dict[str, Any]:
+    """Run ``algorithm`` (default DP-REC) and the ``compare`` baselines; write a report.
 
-    ``resume=True`` continues each algorithm from its latest checkpoint in ``out`` (see
-    :func:`run_algorithm`); the finished report equals that of an uninterrupted run except
-    for the wall-clock fields ``wall_time_s`` and ``client_compute_s``.
+    Noise: with ``cfg.epsilon`` DP-REC's sigma and DP-FedAvg's z are both calibrated to it;
+    else DP-REC uses ``cfg.stddev`` and DP-FedAvg is calibrated to DP-REC's planned central
+    epsilon (``cfg.dpfedavg_noise`` fixes z). ``resume=True`` continues each algorithm from
+    its latest checkpoint in ``out`` (see :func:`run_algorithm`); the finished report equals
+    that of an uninterrupted run except for the wall-clock fields ``wall_time_s`` and
+    ``client_compute_s``.
+
+    Raises:
+        InvalidParameterError: an unknown algorithm (naming ``compare`` or ``algorithm``), a
+            relation DP-REC has no proof for (naming ``relation``), an unreachable epsilon.
     """
+    if algorithm not in ALGORITHMS:
+        raise InvalidParameterError("algorithm", algorithm, "dprec, dpfedavg or fedavg")
     for name in compare:
         if name not in ALGORITHMS:
-            raise InvalidParameterError("compare", name, "dpfedavg")
+            raise InvalidParameterError("compare", name, "dprec, dpfedavg or fedavg")
+    names = list(dict.fromkeys((algorithm, *compare)))
+    for name in names:
+        check_relation(cfg, name)
     if resume and out is None:
         raise InvalidParameterError("resume", True, "used with an output directory")
     ds = load_dataset(cfg)
+    n = ds.num_clients
+    groups = num_groups(cfg, ds)
     out_path = Path(out) if out is not None else None
-    results: dict[str, Any] = {"dprec": run_algorithm("dprec", cfg, ds, out=out_path,
-                                                      resume=resume)}
-    calibration: dict[str, Any] = {}
-    if "dpfedavg" in compare:
-        if cfg.dpfedavg_noise is not None:
-            z = cfg.dpfedavg_noise
-        else:
-            eps_target = dprec_central_epsilon(cfg, ds.num_clients, cfg.rounds,
-                                               results["dprec"]["privacy"]["num_groups"])
-            z = calibrate_dpfedavg(eps_target, cfg, ds.num_clients)
-            calibration = {"target_epsilon": eps_target, "noise_multiplier": z,
-                           "planned_epsilon": dpfedavg_central_epsilon(z, cfg, ds.num_clients,
-                                                                       cfg.rounds)}
-        results["dpfedavg"] = run_algorithm("dpfedavg", cfg, ds, z=z, out=out_path,
-                                            resume=resume)
-        if calibration:
-            results["dpfedavg"]["privacy"]["calibrated"] = calibration
-    config = dataclasses.asdict(cfg) | {"compare": list(compare),
+    sigma, calibrated = cfg.stddev, {}
+    if cfg.epsilon is not None and "dprec" in names:
+        sigma = calibrate_dprec(cfg.epsilon, cfg, n, groups)
+        calibrated["dprec"] = {
+            "parameter": "stddev", "value": sigma, "target_epsilon": cfg.epsilon,
+            "planned_epsilon": dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma)}
+    z = cfg.dpfedavg_noise
+    if z is None and "dpfedavg" in names:
+        target = (cfg.epsilon if cfg.epsilon is not None
+                  else dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma))
+        z = calibrate_dpfedavg(target, cfg, n)
+        calibrated["dpfedavg"] = {
+            "parameter": "noise_multiplier", "value": z, "target_epsilon": target,
+            "target": "--epsilon" if cfg.epsilon is not None else "DP-REC's central epsilon",
+            "planned_epsilon": dpfedavg_central_epsilon(z, cfg, n, cfg.rounds)}
+    results: dict[str, Any] = {}
+    for name in names:
+        results[name] = run_algorithm(name, cfg, ds, z=z if name == "dpfedavg" else None,
+                                      stddev=sigma if name == "dprec" else None, out=out_path,
+                                      resume=resume)
+        if name in calibrated:
+            results[name]["privacy"]["calibrated"] = calibrated[name]
+    config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
                                         "dataset_description": ds.description,
-                                        "num_clients": ds.num_clients}
+                                        "num_clients": n}
     if out_path is not None:
         write_report(out_path, config, results)
         _plot_vs_epsilon(out_path, results)
@@ -112,10 +154,18 @@ def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves = {name: [x for x in r["history"] if x.get("epsilon") is not None]
+              for name, r in results.items()}
+    curves = {name: h for name, h in curves.items() if h}  # FedAvg has no epsilon
+    if not curves:
+        return
     fig, ax = plt.subplots(figsize=(5, 3.6))
-    for name, r in results.items():
-        h = r["history"]
+    for name, h in curves.items():
         ax.plot([x["epsilon"] for x in h], [x["test_accuracy"] for x in h], label=name)
+    fedavg = results.get("fedavg")
+    if fedavg is not None and fedavg["history"]:  # the non-private reference, as a line
+        ax.axhline(fedavg["history"][-1]["test_accuracy"], color="grey", ls="--",
+                   label="fedavg (non-private)")
     ax.set_xlabel("central epsilon (cumulative)")
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)
@@ -125,20 +175,29 @@ def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-_COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("test acc", 8, ".4f"),
-            Column("uplink bits", 12, ".4g"), Column("downlink bits", 13, ".4g"),
-            Column("eps central", 11, ".4g"), Column("eps local max", 13, ".4g"))
+_COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("test acc", 8),
+            Column("uplink bits", 12), Column("downlink bits", 13), Column("eps central", 11),
+            Column("eps local max", 13), Column("relation", 11))
+
+
+def _g(x: Any) -> str:
+    return "-" if x is None else f"{x:.4g}"
 
 
 def final_table(result: dict[str, Any]) -> str:
-    """Last evaluation, bits and epsilons of each algorithm."""
+    """Last evaluation, bits, epsilons and relation of each algorithm."""
     algs = result["algorithms"]
-    lines = text_table(_COLUMNS, [
-        (name, r["history"][-1]["iteration"], r["history"][-1]["test_accuracy"],
-         r["communication"]["uplink_bits"], r["communication"]["downlink_bits"],
-         r["privacy"]["epsilon_central"], r["privacy"]["epsilon_max"])
-        for name, r in algs.items()])
-    if "dpfedavg" in algs:
+    rows = []
+    for name, r in algs.items():
+        p = r["privacy"]
+        local = p.get("epsilon_max") if name == "dprec" else p.get("epsilon_unamplified_max")
+        rows.append((name, str(r["history"][-1]["iteration"]),
+                     f"{r['history'][-1]['test_accuracy']:.4f}",
+                     _g(r["communication"]["uplink_bits"]),
+                     _g(r["communication"]["downlink_bits"]), _g(p.get("epsilon_central")),
+                     _g(local), p.get("relation", "-")))
+    lines = text_table(_COLUMNS, rows)
+    if "dpfedavg" in algs and "dprec" in algs:
         ratio = algs["dpfedavg"]["communication"]["uplink_bits"] / max(
             algs["dprec"]["communication"]["uplink_bits"], 1)
         gap = (algs["dpfedavg"]["history"][-1]["test_accuracy"]
@@ -146,6 +205,10 @@ def final_table(result: dict[str, Any]) -> str:
         lines.append(f"\nuplink compression vs float32 DP-FedAvg: {ratio:.0f}x; accuracy gap "
                      f"(DP-FedAvg - DP-REC) {gap:+.4f}")
     delta = result["config"]["delta"]
-    lines.append(f"(epsilons at delta={delta:g}, replace-one; central = amplified by secret "
-                 "sampling, local = no amplification)")
+    lines.append(f"(epsilons at delta={delta:g}; neighbours differ in one whole client, under "
+                 "the relation shown; central = amplified by secret sampling, local = no "
+                 "amplification: DP-REC a client's own messages, DP-FedAvg the busiest "
+                 "client's rounds)")
+    if "dpfedavg" in algs:
+        lines.append(f"(DP-FedAvg assumes a {TRUST_ASSUMPTION})")
     return "\n".join(lines)

@@ -1,8 +1,16 @@
-"""DP-REC's and DP-FedAvg's central epsilons, and DP-FedAvg's noise calibrated to DP-REC's.
+"""DP-REC's and DP-FedAvg's central epsilons, and the noise of each calibrated to a target.
 
-Central: amplified by the server's secret client sampling (with replacement for DP-REC, without
-for DP-FedAvg), replace-one neighbours, RDP at privkit's orders with the one-round curve
-computed once per event.
+Central: amplified by the server's secret client sampling.
+
+* DP-REC: T |S'| draws with replacement at rate 1/N, each a REC message, replace-one (the
+  only relation its bound is proven under), RDP at privkit's orders with the one-draw curve
+  computed once per event (:mod:`privkit.accountants.rec`).
+* DP-FedAvg: T rounds of :class:`privkit.ClientLevelGaussian` (each client's update clipped
+  to C, one N(0, (z C)^2) draw on the sum) on a Poisson sample at rate q, priced by
+  :func:`privkit.epsilon` under the run's relation. Under add-remove the event is the
+  mechanism's own, ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``; under replace-one the
+  sum's sensitivity is 2C and privkit's convention (noise multiplier = stddev / sensitivity
+  under the relation priced) makes it ``PoissonSampledDpEvent(q, GaussianDpEvent(z / 2))``.
 """
 
 from __future__ import annotations
@@ -13,17 +21,21 @@ from typing import Any
 
 import numpy as np
 
-from fl_examples.dprec.config import REPLACE_ONE, DPRecConfig
+import privkit
+from fl_examples.dprec.config import (
+    ADD_OR_REMOVE_ONE,
+    REPLACE_ONE,
+    DPRecConfig,
+    relation_of,
+)
 from privkit.accountants import rdp, rules
 from privkit.accountants.rec import rec_run_event
 from privkit.errors import InvalidParameterError
-from privkit.events import (
-    GaussianDpEvent,
-    SampledWithoutReplacementDpEvent,
-    SelfComposedDpEvent,
-)
+from privkit.events import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+from privkit.mechanisms.aggregate import ClientLevelGaussian
 
-__all__ = ["dprec_central_epsilon", "dpfedavg_central_epsilon", "calibrate_dpfedavg"]
+__all__ = ["dprec_central_epsilon", "calibrate_dprec", "dpfedavg_round_event",
+           "dpfedavg_central_epsilon", "calibrate_dpfedavg"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -38,47 +50,107 @@ def _eps(atom: Any, count: int, delta: float) -> float:
 
 
 def dprec_central_epsilon(cfg: DPRecConfig, num_clients: int, rounds: int,
-                          num_groups: int = 1) -> float:
-    """DP-REC's amplified epsilon after ``rounds`` rounds (T |S'| draws at rate 1/N).
+                          num_groups: int = 1, stddev: float | None = None) -> float:
+    """DP-REC's amplified epsilon after ``rounds`` rounds (T |S'| draws at rate 1/N), with
+    ``stddev`` (default ``cfg.stddev``).
 
     Equal to ``privkit.epsilon(rec_run_event(...), delta, "rdp",
     neighboring_relation=REPLACE_ONE)``; the one-draw curve is computed once.
     """
     if rounds == 0:
         return 0.0
-    ev = rec_run_event(noise_multiplier=cfg.stddev / cfg.l2_clip, num_candidates=1 << cfg.bits,
+    sigma = cfg.stddev if stddev is None else stddev
+    ev = rec_run_event(noise_multiplier=sigma / cfg.l2_clip, num_candidates=1 << cfg.bits,
                        population_size=num_clients, messages=rounds * cfg.clients_per_round,
                        num_groups=num_groups)
     return _eps(ev.event, ev.count, cfg.delta)
 
 
-def _dpfedavg_event(z: float, num_clients: int, k: int, rounds: int) -> Any:
-    inner: Any = GaussianDpEvent(z)
-    if k < num_clients:
-        inner = SampledWithoutReplacementDpEvent(num_clients, k, inner)
-    return SelfComposedDpEvent(inner, rounds)
+def calibrate_dprec(target: float, cfg: DPRecConfig, num_clients: int,
+                    num_groups: int = 1) -> float:
+    """The smallest stddev sigma (to 1e-3 relative; the safe end) whose central epsilon after
+    ``cfg.rounds`` rounds is <= ``target``: regula falsi (Illinois) on log sigma against
+    log epsilon, which is close to linear there.
+
+    Raises:
+        InvalidParameterError: naming ``epsilon``: the target is below what any sigma reaches
+            (the with-replacement bound has a floor that grows with T |S'| / N^2).
+    """
+    target = float(target)
+
+    def f(log_s: float) -> float:
+        e = dprec_central_epsilon(cfg, num_clients, cfg.rounds, num_groups, math.exp(log_s))
+        return math.log(e) - math.log(target)
+
+    c = cfg.l2_clip
+    lo = hi = math.log(cfg.stddev)
+    f_lo = f_hi = f(lo)
+    while f_hi > 0:  # too little noise: raise sigma
+        lo, f_lo = hi, f_hi
+        hi += math.log(2)
+        if hi > math.log(1e3 * c):
+            floor = dprec_central_epsilon(cfg, num_clients, cfg.rounds, num_groups, 1e3 * c)
+            raise InvalidParameterError(
+                "epsilon", target, f"reachable by DP-REC (its central epsilon stays above "
+                f"{floor:.3g} at stddev 1000 x --l2-clip with these rounds, draws and "
+                "clients: fewer rounds or draws, or more clients)")
+        f_hi = f(hi)
+    while f_lo <= 0:  # enough noise already: lower sigma
+        hi, f_hi = lo, f_lo
+        lo -= math.log(2)
+        f_lo = f(lo)
+    side = 0
+    while hi - lo > 1e-3:
+        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        mid = min(max(mid, lo + 1e-4), hi - 1e-4)
+        f_mid = f(mid)
+        if f_mid <= 0:
+            hi, f_hi = mid, f_mid
+            f_lo = f_lo / 2 if side == -1 else f_lo
+            side = -1
+        else:
+            lo, f_lo = mid, f_mid
+            f_hi = f_hi / 2 if side == 1 else f_hi
+            side = 1
+    return math.exp(hi)
+
+
+def dpfedavg_round_event(z: float, client_rate: float, relation: Any) -> Any:
+    """One DP-FedAvg round priced under ``relation``: :class:`privkit.ClientLevelGaussian`'s
+    event (add-remove), or the same noise against the replace-one sensitivity 2C."""
+    ev = ClientLevelGaussian(1.0, z, client_rate).event()  # the clip norm cancels in z
+    if relation == ADD_OR_REMOVE_ONE:
+        return ev
+    inner = GaussianDpEvent(float(z) / 2)
+    return inner if client_rate == 1 else PoissonSampledDpEvent(float(client_rate), inner)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dpfedavg_eps(z: float, q: float, relation: Any, rounds: int, delta: float) -> float:
+    ev = SelfComposedDpEvent(dpfedavg_round_event(z, q, relation), rounds)
+    return privkit.epsilon(ev, delta, neighboring_relation=relation).epsilon
 
 
 def dpfedavg_central_epsilon(z: float, cfg: DPRecConfig, num_clients: int, rounds: int) -> float:
-    """DP-FedAvg's epsilon: ``rounds`` Gaussian sums, sampling without replacement, replace-one."""
+    """DP-FedAvg's epsilon after ``rounds`` Poisson-sampled rounds, under the run's relation
+    (:func:`privkit.epsilon`, the default method: the smallest valid bound)."""
     if rounds == 0:
         return 0.0
-    ev = _dpfedavg_event(z, num_clients, min(cfg.clients_per_round, num_clients), rounds)
-    return _eps(ev.event, ev.count, cfg.delta)
+    return _dpfedavg_eps(float(z), cfg.client_rate_for(num_clients),
+                         relation_of(cfg, "dpfedavg"), int(rounds), float(cfg.delta))
 
 
 def calibrate_dpfedavg(target: float, cfg: DPRecConfig, num_clients: int) -> float:
-    """The smallest z (bisection on log z to 1e-4 relative) whose epsilon after T rounds is
-    <= target."""
-    lo, hi = 1e-2, 1.0
-    while dpfedavg_central_epsilon(hi, cfg, num_clients, cfg.rounds) > target:
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise InvalidParameterError("epsilon", target, "reachable by DP-FedAvg")
-    while math.log(hi / lo) > 1e-4:
-        mid = math.sqrt(lo * hi)
-        if dpfedavg_central_epsilon(mid, cfg, num_clients, cfg.rounds) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    """The smallest z (to 1e-4 relative) whose epsilon after T rounds is <= target."""
+    q, rel = cfg.client_rate_for(num_clients), relation_of(cfg, "dpfedavg")
+    try:
+        z, _, _ = privkit.calibrate_noise(
+            lambda x: SelfComposedDpEvent(dpfedavg_round_event(x, q, rel), cfg.rounds),
+            target_epsilon=float(target), delta=cfg.delta, tol=1e-4, neighboring_relation=rel)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError("epsilon", target, "reachable by DP-FedAvg") from exc
+    while dpfedavg_central_epsilon(z, cfg, num_clients, cfg.rounds) > target:
+        z *= 1 + 1e-5  # the safe side of the solver's tolerance
+    return float(z)
+
+

@@ -15,11 +15,17 @@ from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError
 from privkit.mechanisms import rec
 
-__all__ = ["ALGORITHMS", "DPRecConfig", "load_dataset"]
+__all__ = ["ALGORITHMS", "RELATIONS", "DPRecConfig", "load_dataset", "relation_of",
+           "check_relation"]
 
 
-ALGORITHMS = ("dprec", "dpfedavg")
+#: dprec: DP-REC; dpfedavg: DP-FedAvg (client-level, Poisson sampling); fedavg: the
+#: non-private reference (DP-FedAvg's sampling and server step, no clipping, no noise).
+ALGORITHMS = ("dprec", "dpfedavg", "fedavg")
 REPLACE_ONE = NeighboringRelation.REPLACE_ONE
+ADD_OR_REMOVE_ONE = NeighboringRelation.ADD_OR_REMOVE_ONE
+#: ``--relation`` values (neighbouring datasets differ in one whole client).
+RELATIONS = {"add-remove": ADD_OR_REMOVE_ONE, "replace-one": REPLACE_ONE}
 FLOAT_BITS = 32
 
 
@@ -33,18 +39,31 @@ class DPRecConfig:
         clients: N for ``digits`` (other data sets bring their own client count).
         digits_classes: classes per client for ``digits`` (0: IID).
         model: ``logreg`` or ``cnn`` (a small CNN: 3 channels, one hidden layer of 100).
-        clients_per_round: |S'|, draws per round (with replacement for DP-REC).
+        clients_per_round: |S'|, DP-REC's draws per round (with replacement).
+        client_rate: q, DP-FedAvg's (and FedAvg's) Poisson rate: each client joins a round
+            independently with probability q, in (0, 1]; None: ``clients_per_round / N``
+            (the same expected participation as DP-REC).
         rounds: T.
         bits: b, REC bits per group (K = 2**b).
         groups: REC grouping: ``per-layer`` (= per-tensor), ``whole``, ``per-parameter`` or
             ``chunks:N``.
-        l2_clip: C, the update clip norm (both algorithms).
-        stddev: sigma, REC prior/target std (DP-REC's noise).
+        l2_clip: C, the update clip norm (DP-REC and DP-FedAvg).
+        stddev: sigma, REC prior/target std (DP-REC's noise); replaced by the calibrated value
+            when ``epsilon`` is set.
         local_epochs, batch_size, lr: local SGD (no momentum).
-        server_lr: FedAvg server step on the averaged update.
+        server_lr, server_momentum: the server step on the averaged update (heavy ball,
+            ``buf <- m buf + mean; w <- w + lr buf``), the same for every algorithm.
         delta: delta of every epsilon.
+        epsilon: target central epsilon: DP-REC's ``stddev`` and DP-FedAvg's noise multiplier
+            are both calibrated to reach it after ``rounds`` rounds (each under its relation);
+            None: DP-REC uses ``stddev`` and DP-FedAvg is calibrated to DP-REC's epsilon.
         epsilon_budget: central-epsilon budget; the run stops before exceeding it.
-        dpfedavg_noise: DP-FedAvg noise multiplier z (None: calibrated to DP-REC's epsilon).
+        dpfedavg_noise: DP-FedAvg noise multiplier z = stddev of the sum / C (None:
+            calibrated).
+        relation: the neighbouring relation (one whole client): ``add-remove`` or
+            ``replace-one``; None: each algorithm's default (DP-FedAvg add-remove, DP-REC
+            replace-one, the only relation its bound is proven under; ``add-remove`` is
+            refused when DP-REC runs).
         history_compression: send returning clients the message history when shorter.
         seed: root of the seed tree; device: auto, cpu, cuda; eval_every: rounds between
             evaluations.
@@ -56,19 +75,23 @@ class DPRecConfig:
     clients: int = 100
     digits_classes: int = 0
     model: str = "logreg"
-    clients_per_round: int = 10
-    rounds: int = 200
+    clients_per_round: int = 30
+    client_rate: float | None = None
+    rounds: int = 50
     bits: int = 8
     groups: str = "per-layer"
     l2_clip: float = 0.5
     stddev: float = 1.0
-    local_epochs: int = 1
+    local_epochs: int = 5
     batch_size: int = 16
     lr: float = 0.5
     server_lr: float = 1.0
+    server_momentum: float = 0.0
     delta: float = 1e-5
+    epsilon: float | None = None
     epsilon_budget: float | None = None
     dpfedavg_noise: float | None = None
+    relation: str | None = None
     history_compression: bool = True
     seed: int = 0
     device: str = "auto"
@@ -83,6 +106,8 @@ class DPRecConfig:
         if self.model not in ("logreg", "cnn"):
             raise InvalidParameterError("model", self.model, "logreg or cnn")
         _validate.positive_int("clients_per_round", self.clients_per_round)
+        if self.client_rate is not None:
+            _validate.probability("client_rate", self.client_rate)
         _validate.positive_int("rounds", self.rounds)
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) \
                 or not rec.MIN_BITS <= self.bits <= rec.MAX_BITS:
@@ -95,15 +120,47 @@ class DPRecConfig:
         _validate.positive("l2_clip", self.l2_clip)
         _validate.positive("stddev", self.stddev)
         _validate.positive("server_lr", self.server_lr)
+        m = _validate.real("server_momentum", self.server_momentum)
+        if not 0 <= m < 1:
+            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
+        if self.epsilon is not None:
+            _validate.positive("epsilon", self.epsilon)
         if self.dpfedavg_noise is not None:
             _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
+        if self.relation is not None and self.relation not in RELATIONS:
+            raise InvalidParameterError("relation", self.relation,
+                                        "add-remove or replace-one")
         check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
+
+    def client_rate_for(self, num_clients: int) -> float:
+        """q of DP-FedAvg and FedAvg: ``client_rate``, else ``clients_per_round / N``."""
+        if self.client_rate is not None:
+            return float(self.client_rate)
+        return min(1.0, self.clients_per_round / num_clients)
+
+
+def relation_of(cfg: DPRecConfig, algorithm: str) -> NeighboringRelation:
+    """The neighbouring relation ``algorithm`` is priced under (:attr:`DPRecConfig.relation`;
+    unset: DP-REC replace-one, DP-FedAvg add-remove)."""
+    if cfg.relation is not None:
+        return RELATIONS[cfg.relation]
+    return REPLACE_ONE if algorithm == "dprec" else ADD_OR_REMOVE_ONE
+
+
+def check_relation(cfg: DPRecConfig, algorithm: str) -> None:
+    """Refuse a relation ``algorithm`` has no proven bound for (DP-REC: replace-one only)."""
+    if algorithm == "dprec" and relation_of(cfg, algorithm) != REPLACE_ONE:
+        raise InvalidParameterError(
+            "relation", cfg.relation,
+            "replace-one (or unset) when DP-REC runs: its message bound and its "
+            "with-replacement amplification are proven under replace-one only; for DP-FedAvg "
+            "under add-remove alone use --algorithm dpfedavg --compare ''")
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
     """``digits`` over ``cfg.clients`` clients, else :func:`parse_dataset_spec`; refuses more
-    clients per round than there are clients (DP-FedAvg samples without replacement, and the
-    noise is divided by ``clients_per_round``)."""
+    clients per round than there are clients (DP-FedAvg's default client rate is
+    ``clients_per_round / N``)."""
     name = cfg.dataset.strip().lower()
     if name == "digits":
         ds = digits(rng=cfg.seed, num_clients=cfg.clients,

@@ -1,9 +1,14 @@
-"""One DP-REC or DP-FedAvg run on the trainer skeleton: a step is one round.
+"""One DP-REC, DP-FedAvg or FedAvg run on the trainer skeleton: a step is one round.
 
-A round draws its clients (with replacement for DP-REC), charges them on the ledger before
-anything is released, trains them locally from the global model, and aggregates: every update
-REC-encoded and decoded (DP-REC), or clipped, summed and noised (DP-FedAvg). The downlink is
-counted per participating client (the model, or the message history when shorter).
+A round draws its clients (DP-REC: |S'| uniform draws with replacement; DP-FedAvg and FedAvg:
+Poisson sampling, each client independently at rate q), charges the ledger before anything is
+released, trains the clients locally from the global model, and aggregates: every update
+REC-encoded and decoded and averaged (DP-REC), clipped, summed and noised once by
+:class:`privkit.ClientLevelGaussian` and divided by the expected count q N
+(:class:`~fl_examples.core.dp_modes.ClientDpPlan`, DP-FedAvg), or averaged as they are (FedAvg,
+the non-private reference). The server step (lr, heavy-ball momentum) is the same for all.
+The downlink is counted per participating client (the model, or DP-REC's message history
+when shorter).
 """
 
 from __future__ import annotations
@@ -16,14 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
+import privkit
 from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.dp_modes import POPULATION, ClientDpPlan
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import num_parameters
 from fl_examples.core.rounds import (
     broadcast,
     evaluate,
     resolve_device,
-    sample_clients,
     select,
     to_client_data,
 )
@@ -35,16 +41,38 @@ from fl_examples.core.run import (
     open_ledger,
 )
 from fl_examples.core.seeds import SeedTree
-from fl_examples.dprec.accounting import dpfedavg_central_epsilon, dprec_central_epsilon
-from fl_examples.dprec.config import ALGORITHMS, FLOAT_BITS, REPLACE_ONE, DPRecConfig, _model
+from fl_examples.dprec.accounting import (
+    dpfedavg_central_epsilon,
+    dpfedavg_round_event,
+    dprec_central_epsilon,
+)
+from fl_examples.dprec.config import (
+    ALGORITHMS,
+    FLOAT_BITS,
+    DPRecConfig,
+    _model,
+    check_relation,
+    relation_of,
+)
 from privkit._journal import canonical_json
 from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent
 from privkit.errors import InvalidParameterError
-from privkit.events import GaussianDpEvent, event_to_dict
+from privkit.events import event_to_dict
 from privkit.ledger import Ledger, LedgerPointer
-from privkit.mechanisms import rec, sampling
+from privkit.mechanisms import rec
+from privkit.mechanisms.aggregate import TRUST_ASSUMPTION
 
-__all__ = ["run_algorithm"]
+__all__ = ["run_algorithm", "num_groups", "RELATION_NAMES"]
+
+#: The report's name of each relation (the ``--relation`` value).
+RELATION_NAMES = {"REPLACE_ONE": "replace-one", "ADD_OR_REMOVE_ONE": "add-remove"}
+
+
+def num_groups(cfg: DPRecConfig, ds: FederatedDataset) -> int:
+    """M, the number of REC groups of the model under ``cfg.groups``."""
+    shapes = _model(cfg, ds).parameter_shapes()
+    return len(rec._group_index(rec._check_grouping(cfg.groups), None,  # noqa: SLF001
+                                [math.prod(s) for s in shapes.values()]))
 
 
 class _Run(TrainerRun):
@@ -53,8 +81,9 @@ class _Run(TrainerRun):
     save_at_end = True  # the end of the run, or its budget stop, is always checkpointed
 
     def __init__(self, algorithm: str, cfg: DPRecConfig, ds: FederatedDataset,
-                 ledger: Ledger, z: float | None) -> None:
+                 ledger: Ledger | None, z: float | None, stddev: float | None = None) -> None:
         self.algorithm, self.cfg, self.ds, self.z = algorithm, cfg, ds, z
+        self.sigma = float(cfg.stddev if stddev is None else stddev)
         self.device = resolve_device(cfg.device)
         self.model = _model(cfg, ds)
         self.shapes = self.model.parameter_shapes()
@@ -66,6 +95,13 @@ class _Run(TrainerRun):
         self.w = {k: v[0] for k, v in init.items()}
         self.ledger = ledger
         self.n = ds.num_clients
+        self.q = cfg.client_rate_for(self.n)
+        self.relation = None if algorithm == "fedavg" else relation_of(cfg, algorithm)
+        # DP-FedAvg's aggregate and both Poisson-sampled algorithms' sampler (FedAvg uses
+        # only the sampler, so its noise multiplier is a placeholder)
+        self.plan = ClientDpPlan(self.n, self.q, cfg.l2_clip, z if z is not None else 1.0,
+                                 server_lr=cfg.server_lr, server_momentum=cfg.server_momentum)
+        self.server: dict[str, Any] = {}  # the server's momentum buffer ("momentum")
         self.round = 0
         self.history: list[dict[str, Any]] = []
         self.up = self.down = 0
@@ -74,13 +110,11 @@ class _Run(TrainerRun):
         self.seen_seeds: set[bytes] = set()
         self.last_seen: dict[int, int] = {}
         self.round_bits: list[int] = []  # message bits of each completed round (history)
-        self.epsilon = 0.0
         self.stopped: str | None = None
+        self._budget_rounds: int | None = None
         # round -> clients whose charge for it is already in the ledger (adopted on resume)
         self.precharged: dict[int, set[str]] = {}
-        self.num_groups = len(rec._group_index(  # noqa: SLF001
-            rec._check_grouping(cfg.groups), None,  # noqa: SLF001
-            [math.prod(s) for s in self.shapes.values()]))
+        self.num_groups = num_groups(cfg, ds)
 
     # -- the run protocol -------------------------------------------------------------------
     @property
@@ -94,14 +128,21 @@ class _Run(TrainerRun):
         return self.cfg.rounds - self.round
 
     def draws(self, t: int) -> np.ndarray:
-        k = self.cfg.clients_per_round
+        """Round ``t``'s clients: DP-REC's |S'| draws with replacement, else a Poisson sample
+        at rate q (sorted; possibly empty)."""
         if self.algorithm == "dprec":
-            return self.tree.numpy(t, "rec-draws").integers(0, self.n, size=k)
-        return sample_clients(self.tree, t, self.n, min(k, self.n) / self.n)
+            return self.tree.numpy(t, "rec-draws").integers(0, self.n,
+                                                            size=self.cfg.clients_per_round)
+        return self.plan.select(self.tree, t)
 
     def charges(self, t: int) -> list[tuple[int, list[str]]]:
-        """(count, client ids) of each ledger batch round ``t`` charges, in order: a client
-        drawn c times in the round (with replacement) is charged c uses at once."""
+        """(count, client ids) of each ledger batch round ``t`` charges, in order. DP-REC: a
+        client drawn c times in the round is charged c uses at once; DP-FedAvg: one release
+        for the whole population every round, whoever was sampled (none for FedAvg)."""
+        if self.algorithm == "dpfedavg":
+            return [(1, [POPULATION])]
+        if self.algorithm == "fedavg":
+            return []
         counts: dict[int, int] = {}
         for c in self.draws(t).tolist():
             counts[int(c)] = counts.get(int(c), 0) + 1
@@ -109,57 +150,103 @@ class _Run(TrainerRun):
                 for cnt in sorted(set(counts.values()))]
 
     def central_after(self, t: int) -> float:
+        """The central epsilon after ``t`` rounds (0 for FedAvg, which charges nothing)."""
         if self.algorithm == "dprec":
-            return dprec_central_epsilon(self.cfg, self.n, t, self.num_groups)
+            return dprec_central_epsilon(self.cfg, self.n, t, self.num_groups, self.sigma)
+        if self.algorithm == "fedavg":
+            return 0.0
         assert self.z is not None
         return dpfedavg_central_epsilon(self.z, self.cfg, self.n, t)
 
-    def local_event(self) -> Any:
+    def charge_event(self) -> Any:
+        """The event each ledger charge records: one REC message (DP-REC, the client's own,
+        no amplification) or one Poisson-sampled round of the aggregate (DP-FedAvg)."""
         if self.algorithm == "dprec":
-            return RecDpEvent(self.cfg.stddev / self.cfg.l2_clip, 1 << self.cfg.bits,
+            return RecDpEvent(self.sigma / self.cfg.l2_clip, 1 << self.cfg.bits,
                               self.num_groups, "REPLACE_ONE")
         assert self.z is not None
-        return GaussianDpEvent(self.z)
+        return dpfedavg_round_event(self.z, self.q, self.relation)
+
+    def budget_rounds(self) -> int:
+        """The most rounds whose central epsilon stays within the budget (epsilon grows with
+        the rounds: bisection, computed once)."""
+        if self._budget_rounds is None:
+            budget = self.cfg.epsilon_budget
+            lo, hi = 0, self.cfg.rounds
+            if budget is not None and self.central_after(hi) > budget:
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if self.central_after(mid) <= budget else (lo, mid)
+            else:
+                lo = hi
+            self._budget_rounds = lo
+        return self._budget_rounds
 
     def step(self) -> bool:
         """One round; False (nothing charged, encoded or drawn) when the central epsilon after
         it would exceed the budget."""
         cfg, t = self.cfg, self.round + 1
-        eps_next = self.central_after(t)
-        if cfg.epsilon_budget is not None and eps_next > cfg.epsilon_budget:
+        if cfg.epsilon_budget is not None and t > self.budget_rounds():
             self.stopped = (f"stopped before round {t}: central epsilon would be "
-                            f"{eps_next:.4g} > budget {cfg.epsilon_budget:g}")
+                            f"{self.central_after(t):.4g} > budget {cfg.epsilon_budget:g}")
             return False
         start = time.perf_counter()
         sel = self.draws(t)
-        # Write-ahead: every participating client is charged before anything is released.
-        # Charges a crashed run already wrote for this very round are not made twice (the
-        # round replays the same draws, seeds and noise: see adopt).
+        # Write-ahead: the round is charged before anything is released. Charges a crashed
+        # run already wrote for this very round are not made twice (the round replays the
+        # same draws, seeds and noise: see adopt).
         done = self.precharged.pop(t, set())
+        assert self.ledger is not None or self.algorithm == "fedavg"
         for cnt, ids in self.charges(t):
             todo = [c for c in ids if c not in done]
-            if todo:
-                self.ledger.spend(todo, self.local_event(), count=cnt, label="client message",
-                                  round=t, run_id=self.algorithm)
+            if todo and self.ledger is not None:
+                self.ledger.spend(todo, self.charge_event(), count=cnt,
+                                  label="client message" if self.algorithm == "dprec"
+                                  else "aggregate release", round=t, run_id=self.algorithm)
         self._downlink(t, sorted({int(c) for c in sel.tolist()}))
-        idx = torch.as_tensor(sel, device=self.device)
-        data = select(self.train, idx)
         t0 = time.perf_counter()
-        local = local_sgd(self.model, broadcast(self.w, len(sel)), self.w, data,
-                          epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                          momentum=0.0, generator=self.tree.torch(t, "batches", self.device))
+        local = self._local(t, sel)
         self.compute += time.perf_counter() - t0
-        updates = [{k: (local[k][j] - self.w[k]).to(torch.float64) for k in self.w}
-                   for j in range(len(sel))]
-        if self.algorithm == "dprec":
-            delta = self._dprec_aggregate(t, updates)
+        if self.algorithm == "dpfedavg":
+            # clip each update to C, one N(0, (z C)^2) draw on the sum (drawn also when no
+            # client was sampled), / q N, then the server step
+            self.w = self.plan.release(self.w, local, self.server,
+                                       self.tree.torch(t, "noise", self.device))
+            self.up += FLOAT_BITS * self.d * len(sel)
         else:
-            delta = self._dpfedavg_aggregate(t, updates)
-        self.w = {k: (self.w[k].to(torch.float64) + cfg.server_lr * delta[k]).to(self.w[k].dtype)
-                  for k in self.w}
-        self.round, self.epsilon = t, eps_next
+            updates = [{k: (local[k][j] - self.w[k]).to(torch.float64) for k in self.w}
+                       for j in range(len(sel))]
+            if self.algorithm == "dprec":
+                mean = self._dprec_aggregate(t, updates)
+            else:
+                mean = self._fedavg_aggregate(updates)
+            if mean is not None:
+                self._server_step(mean)
+        self.round = t
         self.wall += time.perf_counter() - start
         return True
+
+    def _local(self, t: int, sel: np.ndarray) -> dict[str, torch.Tensor]:
+        """The selected clients' local models, stacked (no rows when none was selected)."""
+        if len(sel) == 0:
+            return {k: v.unsqueeze(0)[:0] for k, v in self.w.items()}
+        idx = torch.as_tensor(sel, device=self.device)
+        cfg = self.cfg
+        return local_sgd(self.model, broadcast(self.w, len(sel)), self.w, select(self.train, idx),
+                         epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                         momentum=0.0, generator=self.tree.torch(t, "batches", self.device))
+
+    def _server_step(self, mean: dict[str, torch.Tensor]) -> None:
+        """``buf <- m buf + mean`` (no buffer at m = 0), ``w <- w + server_lr buf``, in
+        float64 (the step ClientDpPlan.release applies to DP-FedAvg's noisy mean)."""
+        cfg = self.cfg
+        if cfg.server_momentum:
+            buf = self.server.get("momentum")
+            mean = mean if buf is None else {k: cfg.server_momentum * buf[k].to(torch.float64)
+                                             + mean[k] for k in mean}
+            self.server["momentum"] = mean
+        self.w = {k: (self.w[k].to(torch.float64) + cfg.server_lr * mean[k]).to(self.w[k].dtype)
+                  for k in self.w}
 
     def receive(self, msg: rec.RecMessage) -> dict[str, Any]:
         """Server side of one message: refuse a seed seen before (shared candidates would
@@ -179,7 +266,7 @@ class _Run(TrainerRun):
         bits = 0
         for u in updates:
             seed = seed_rng.bytes(rec.SEED_BYTES)
-            msg = rec.encode(u, l2_clip_norm=cfg.l2_clip, stddev=cfg.stddev, bits=cfg.bits,
+            msg = rec.encode(u, l2_clip_norm=cfg.l2_clip, stddev=self.sigma, bits=cfg.bits,
                              groups=cfg.groups, seed=seed, rng=select_rng)
             dec = self.receive(rec.RecMessage.from_bytes(msg.to_bytes()))
             for k in total:
@@ -190,24 +277,16 @@ class _Run(TrainerRun):
         self.round_bits.append(bits)
         return {k: v / len(updates) for k, v in total.items()}
 
-    def _dpfedavg_aggregate(self, t: int, updates: list[dict[str, Any]]) -> dict[str, Any]:
-        from privkit.mechanisms.clipping import clip_l2
-
-        cfg = self.cfg
-        assert self.z is not None
-        total = {k: torch.zeros(s, dtype=torch.float64, device=self.device)
-                 for k, s in self.shapes.items()}
-        for u in updates:
-            cu = clip_l2(u, cfg.l2_clip)
-            for k in total:
-                total[k] += cu[k]
-        sd = 2.0 * cfg.l2_clip * self.z  # replace-one sensitivity of the sum: 2C
-        noise = sampling.gaussian_noise(total, sd, rng=self.tree.torch(t, "noise", self.device))
+    def _fedavg_aggregate(self, updates: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The plain mean of the sampled clients' updates (None when no client was sampled)."""
         self.up += FLOAT_BITS * self.d * len(updates)
-        return {k: (v + noise[k]) / len(updates) for k, v in total.items()}
+        if not updates:
+            return None
+        return {k: sum(u[k] for u in updates) / len(updates) for k in self.w}
 
     def _downlink(self, t: int, clients: list[int]) -> None:
-        full = FLOAT_BITS * self.d
+        # the full server state: the model, and the momentum buffer when there is one
+        full = FLOAT_BITS * self.d * (2 if self.cfg.server_momentum else 1)
         for c in clients:
             if self.algorithm == "dprec" and self.cfg.history_compression:
                 last = self.last_seen.get(c)
@@ -226,22 +305,27 @@ class _Run(TrainerRun):
         row = {"iteration": self.round, "train_loss": loss, "train_accuracy": acc,
                "test_accuracy": test_acc, "wall_time_s": self.wall,
                "client_compute_s": self.compute, "cumulative_bits": self.up + self.down,
-               "uplink_bits": self.up, "downlink_bits": self.down, "epsilon": self.epsilon}
+               "uplink_bits": self.up, "downlink_bits": self.down}
+        if self.algorithm != "fedavg":
+            row["epsilon"] = self.central_after(self.round)
         self.history.append(row)
         return row
 
     # -- checkpoints ------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The model, the server state (seen seeds, downlink bookkeeping), bit counters and
-        the DP-FedAvg noise. Every random stream is derived from the seed tree by round, so no
-        generator state is needed."""
+        """The model, the server state (momentum buffer, seen seeds, downlink bookkeeping),
+        bit counters and the noise. Every random stream is derived from the seed tree by
+        round, so no generator state is needed."""
         tensors = {f"w.{k}": v for k, v in self.w.items()}
+        if "momentum" in self.server:
+            tensors |= {f"server_momentum.{k}": v for k, v in self.server["momentum"].items()}
         seeds = b"".join(sorted(self.seen_seeds))
         tensors["seen_seeds"] = torch.frombuffer(bytearray(seeds), dtype=torch.uint8).reshape(
             len(self.seen_seeds), rec.SEED_BYTES) if seeds else torch.zeros(
             (0, rec.SEED_BYTES), dtype=torch.uint8)
         return tensors, {
-            "dpfedavg_noise": self.z, "epsilon_central": self.epsilon,
+            "dpfedavg_noise": self.z, "stddev": self.sigma,
+            "epsilon_central": self.central_after(self.round),
             "uplink_bits": self.up, "downlink_bits": self.down,
             "uplink_bits_without_seeds": self.up_no_seed, "round_bits": self.round_bits,
             "last_seen": {str(c): r for c, r in sorted(self.last_seen.items())},
@@ -249,13 +333,15 @@ class _Run(TrainerRun):
         }
 
     def same_config(self, state: dict[str, Any]) -> bool:
-        return super().same_config(state) and state.get("dpfedavg_noise") == self.z
+        return (super().same_config(state) and state.get("dpfedavg_noise") == self.z
+                and state.get("stddev") == self.sigma)
 
     def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
         self.w = {k: tensors[f"w.{k}"] for k in self.shapes}
+        if f"server_momentum.{next(iter(self.shapes))}" in tensors:
+            self.server["momentum"] = {k: tensors[f"server_momentum.{k}"] for k in self.shapes}
         self.seen_seeds = {bytes(row) for row in tensors["seen_seeds"].cpu().numpy()}
         self.round = int(state["round"])
-        self.epsilon = float(state["epsilon_central"])
         self.up, self.down = int(state["uplink_bits"]), int(state["downlink_bits"])
         self.up_no_seed = int(state["uplink_bits_without_seeds"])
         self.round_bits = [int(b) for b in state["round_bits"]]
@@ -282,7 +368,8 @@ class _Run(TrainerRun):
             LedgerRollbackError: spend recorded after the pointer that this state cannot
                 account for.
         """
-        event = canonical_json(event_to_dict(self.local_event()))
+        assert self.ledger is not None
+        event = canonical_json(event_to_dict(self.charge_event()))
         self.precharged = adopt_round_charges(
             self.ledger, pointer, run_id=self.algorithm, start=self.round,
             window=self.round + max(self.cfg.checkpoint_every, 1),
@@ -290,35 +377,20 @@ class _Run(TrainerRun):
                                for cid in ids])
 
     # -- report -----------------------------------------------------------------------------
+    def participations(self) -> np.ndarray:
+        """How many messages (DP-REC) or rounds (DP-FedAvg, FedAvg) each client took part in
+        (from the seed tree)."""
+        counts = np.zeros(self.n, dtype=np.int64)
+        for t in range(1, self.round + 1):
+            np.add.at(counts, self.draws(t), 1)
+        return counts
+
     def report(self) -> dict[str, Any]:
         """History, privacy and communication sections (and ``_model``, the final parameters,
         which the report leaves out)."""
-        cfg, algorithm, z = self.cfg, self.algorithm, self.z
-        eps_local = self.ledger.epsilons([str(i) for i in range(self.n)])
-        local = np.array([eps_local[str(i)] for i in range(self.n)])
-        messages = self.round * cfg.clients_per_round
-        privacy: dict[str, Any] = {
-            "delta": cfg.delta, "neighboring_relation": "REPLACE_ONE",
-            "epsilon_central": self.epsilon, "epsilon_mean": float(local.mean()),
-            "epsilon_max": float(local.max()), "per_client": local.tolist(), "proven": True,
-            "method": "rdp", "rounds_run": self.round,
-            "epsilon_per_round": [h["epsilon"] for h in self.history],
-            "central_assumptions": [AMPLIFICATION_ASSUMPTION] if algorithm == "dprec" else
-            ["sampling without replacement whose outcome stays secret; the server adds the "
-             "noise (trusted server or secure aggregation)"],
-            "local_assumptions": ["no amplification: each client's own messages composed"],
-        }
-        if algorithm == "dprec":
-            privacy |= {"mechanism": "rec", "noise_multiplier": cfg.stddev / cfg.l2_clip,
-                        "num_candidates": 1 << cfg.bits, "num_groups": self.num_groups,
-                        "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
-                                 "(Wang-Balle-Kasiviswanathan Thm 9)"}
-        else:
-            assert z is not None
-            privacy |= {"mechanism": "gaussian_sum", "noise_multiplier": z,
-                        "noise_stddev": 2 * cfg.l2_clip * z / cfg.clients_per_round}
-        if self.stopped:
-            privacy["stopped"] = self.stopped
+        cfg, algorithm = self.cfg, self.algorithm
+        messages = (self.round * cfg.clients_per_round if algorithm == "dprec"
+                    else int(self.participations().sum()))
         comm = {"uplink_bits": self.up, "downlink_bits": self.down,
                 "float32_uplink_bits": FLOAT_BITS * self.d * messages, "messages": messages,
                 "parameters": self.d}
@@ -326,34 +398,103 @@ class _Run(TrainerRun):
             comm |= {"uplink_bits_without_seeds": self.up_no_seed,
                      "bits_per_message": (8 * rec.SEED_BYTES + self.num_groups * cfg.bits),
                      "history_compression": cfg.history_compression}
+        privacy = self._privacy() if algorithm != "fedavg" else {
+            "non_private": True, "epsilon_central": None, "rounds_run": self.round,
+            "client_rate": self.q, "note": "non-private reference: DP-FedAvg's Poisson "
+            "sampling and server step, no clipping, no noise, nothing charged"}
         return {"history": self.history, "privacy": privacy, "communication": comm,
                 "_model": {k: v.detach().cpu() for k, v in self.w.items()}}
+
+    def _privacy(self) -> dict[str, Any]:
+        cfg, algorithm = self.cfg, self.algorithm
+        assert self.ledger is not None and self.relation is not None
+        relation = RELATION_NAMES[self.relation.name]
+        privacy: dict[str, Any] = {
+            "delta": cfg.delta, "neighboring_relation": self.relation.name,
+            "relation": relation, "epsilon_central": self.central_after(self.round),
+            "proven": True, "rounds_run": self.round,
+            "epsilon_per_round": [h["epsilon"] for h in self.history],
+        }
+        if algorithm == "dprec":
+            eps_local = self.ledger.epsilons([str(i) for i in range(self.n)])
+            local = np.array([eps_local[str(i)] for i in range(self.n)])
+            privacy |= {
+                "epsilon_mean": float(local.mean()), "epsilon_max": float(local.max()),
+                "per_client": local.tolist(), "method": "rdp",
+                "central_assumptions": [AMPLIFICATION_ASSUMPTION],
+                "local_assumptions": ["no amplification: each client's own messages composed"],
+                "mechanism": "rec", "stddev": self.sigma,
+                "noise_multiplier": self.sigma / cfg.l2_clip,
+                "num_candidates": 1 << cfg.bits, "num_groups": self.num_groups,
+                "relation_note": "replace-one only: the REC bound with with-replacement "
+                                 "amplification is proven under replace-one (privkit spec)",
+                "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
+                         "(Wang-Balle-Kasiviswanathan Thm 9)"}
+        else:
+            assert self.z is not None
+            eps = self.ledger.epsilons([POPULATION])[POPULATION] if self.round else 0.0
+            # without amplification (the sample not secret): a client's own rounds composed
+            k_max = int(self.participations().max()) if self.round else 0
+            unamp = self.charge_event()
+            unamp = getattr(unamp, "event", unamp)  # the Gaussian inside the Poisson sampling
+            eps_unamp = privkit.epsilon(privkit.SelfComposedDpEvent(unamp, k_max), cfg.delta,
+                                        neighboring_relation=self.relation).epsilon \
+                if k_max else 0.0
+            privacy |= {
+                "epsilon_ledger": eps, "epsilon_mean": eps, "epsilon_max": eps,
+                "per_client": [eps] * self.n,
+                "epsilon_unamplified_max": eps_unamp, "rounds_of_busiest_client": k_max,
+                "method": "privkit.epsilon (auto: smallest valid bound)",
+                "trust_assumption": TRUST_ASSUMPTION,
+                "central_assumptions": [
+                    TRUST_ASSUMPTION, "Poisson client sampling at rate q whose outcome stays "
+                    "secret (amplification used)",
+                    f"{relation}: neighbouring federations differ in one whole client"],
+                "local_assumptions": ["epsilon_unamplified_max: the sample not secret; the "
+                                      "busiest client's rounds composed (trusted aggregator "
+                                      "still assumed)"],
+                "mechanism": "client_level_gaussian (DP-FedAvg)", "noise_multiplier": self.z,
+                "event_noise_multiplier": float(unamp.noise_multiplier),
+                "noise_stddev_of_sum": self.z * cfg.l2_clip,
+                "noise_stddev": self.z * cfg.l2_clip / (self.q * self.n),
+                "l2_clip_norm": cfg.l2_clip, "client_rate": self.q,
+                "expected_clients": self.q * self.n, "server_lr": cfg.server_lr,
+                "server_momentum": cfg.server_momentum}
+        if self.stopped:
+            privacy["stopped"] = self.stopped
+        return privacy
 
 
 def _open_ledger(algorithm: str, cfg: DPRecConfig, out: Path | None,
                  resume: bool = False) -> Ledger:
-    """The run's ledger: ``OUT/ledger-<algorithm>.jsonl``, reopened (never reset) on resume."""
+    """The run's ledger: ``OUT/ledger-<algorithm>.jsonl``, reopened (never reset) on resume;
+    it records the relation, and a resume under another one is refused."""
     return open_ledger(
         out, algorithm, population_id=f"{cfg.dataset}|clients={cfg.clients}|seed={cfg.seed}|"
-        f"{algorithm}", delta=cfg.delta, resume=resume, neighboring_relation=REPLACE_ONE)
+        f"{algorithm}", delta=cfg.delta, resume=resume,
+        neighboring_relation=relation_of(cfg, algorithm))
 
 
 def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
-                  z: float | None = None, out: Path | None = None, resume: bool = False,
+                  z: float | None = None, stddev: float | None = None,
+                  out: Path | None = None, resume: bool = False,
                   stop_after: int | None = None) -> dict[str, Any]:
     """Run one algorithm; returns history, communication and privacy sections (and
     ``_model``, the final parameters, which the report leaves out).
 
-    With ``out`` and ``cfg.checkpoint_every``, checkpoints go to
-    ``out/checkpoints/<algorithm>/`` every that many rounds and at the end; ``resume=True``
+    ``z`` is DP-FedAvg's noise multiplier (the sum's noise stddev / C); ``stddev`` DP-REC's
+    sigma (default ``cfg.stddev``). With ``out`` and ``cfg.checkpoint_every``, checkpoints go
+    to ``out/checkpoints/<algorithm>/`` every that many rounds and at the end; ``resume=True``
     continues from the latest one (the ledger is reopened, never reset). ``stop_after`` ends
     the run after that many rounds (to test resuming).
     """
     if algorithm not in ALGORITHMS:
-        raise InvalidParameterError("algorithm", algorithm, "dprec or dpfedavg")
+        raise InvalidParameterError("algorithm", algorithm, "dprec, dpfedavg or fedavg")
     if algorithm == "dpfedavg" and z is None:
         raise InvalidParameterError("dpfedavg_noise", None, "given or calibrated")
-    run = _Run(algorithm, cfg, ds, _open_ledger(algorithm, cfg, out, resume), z)
+    check_relation(cfg, algorithm)
+    ledger = None if algorithm == "fedavg" else _open_ledger(algorithm, cfg, out, resume)
+    run = _Run(algorithm, cfg, ds, ledger, z, stddev)
     drive(run, checkpoints=checkpoint_dir(out, algorithm),
           checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
           stop_after=stop_after)

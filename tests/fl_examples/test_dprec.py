@@ -18,7 +18,7 @@ from privkit.accountants.rec import rec_run_event
 from privkit.accountants.rules import NeighboringRelation
 from privkit.cli import main
 from privkit.errors import InvalidParameterError
-from privkit.mechanisms import rec, sampling
+from privkit.mechanisms import aggregate, rec
 
 SMALL = dict(clients=20, clients_per_round=4, rounds=3, bits=4, eval_every=1, lr=0.2,
              device="cpu")
@@ -52,7 +52,9 @@ def test_cli_end_to_end(tmp_path, capsys):
     d = algs["dprec"]["communication"]["parameters"]
     # DP-REC: 12 messages of 128 + 2 groups x 4 bits; DP-FedAvg: float32 models
     assert algs["dprec"]["communication"]["uplink_bits"] == 12 * (128 + 2 * 4)
-    assert algs["dpfedavg"]["communication"]["uplink_bits"] == 12 * 32 * d
+    # DP-FedAvg: Poisson-sampled (rate 4/20), one float32 model per participation
+    fa = algs["dpfedavg"]["communication"]
+    assert fa["uplink_bits"] == fa["messages"] * 32 * d and fa["messages"] >= 0
     # same central epsilon (DP-FedAvg calibrated to DP-REC's), within the bisection tolerance
     e1, e2 = (algs[a]["privacy"]["epsilon_central"] for a in ("dprec", "dpfedavg"))
     assert e2 <= e1 * (1 + 1e-9) and e2 == pytest.approx(e1, rel=1e-3)
@@ -99,7 +101,7 @@ def test_budget_for_k_rounds_stops_before_round_k_plus_1_draws(algorithm, tmp_pa
     budget = (eps + nxt) / 2
     log: list[str] = []
     _spy(monkeypatch, rec, "encode", log, "encode")
-    _spy(monkeypatch, sampling, "gaussian_noise", log, "noise")
+    _spy(monkeypatch, aggregate, "gaussian_noise", log, "noise")
     res = run_algorithm(algorithm, DPRecConfig(**(SMALL | {"rounds": 6,
                                                            "epsilon_budget": budget})),
                         ds, z=z if algorithm == "dpfedavg" else None, out=tmp_path)

@@ -35,7 +35,7 @@ from privkit.errors import (
     LedgerRollbackError,
 )
 from privkit.ledger import Ledger
-from privkit.mechanisms import rec, sampling
+from privkit.mechanisms import aggregate, rec
 
 WALL = frozenset({"wall_time_s", "client_compute_s"})  # the only wall-clock fields
 # 10 clients, 6 draws with replacement a round: most DP-REC rounds draw a client twice, so
@@ -45,7 +45,7 @@ TINY = dict(clients=10, clients_per_round=6, rounds=6, bits=4, eval_every=1, lr=
 ARGV = ["train", "dprec", "--dataset", "digits", "--clients", "10", "--clients-per-round", "6",
         "--rounds", "6", "--bits", "4", "--eval-every", "1", "--lr", "0.2",
         "--dpfedavg-noise", "2.0", "--device", "cpu", "--checkpoint-every", "2",
-        "--threads", "1"]
+        "--threads", "1", "--compare", "dpfedavg"]
 ALGS = ("dprec", "dpfedavg")
 
 
@@ -143,7 +143,7 @@ def test_charged_but_not_checkpointed_rounds_are_adopted(tmp_path, monkeypatch, 
     assert _latest(out, "dprec") == "ckpt-000002"
     eps1 = Ledger.open(out / "ledger-dprec.jsonl").epsilons()
     with monkeypatch.context() as m:
-        _crash_on(m, sampling, "gaussian_noise", lambda n: n == 5)  # DP-FedAvg round 5
+        _crash_on(m, aggregate, "gaussian_noise", lambda n: n == 5)  # DP-FedAvg round 5
         with pytest.raises(Crash):
             train(cfg, out=out, resume=True)
     assert max(_rounds_charged(out / "ledger-dpfedavg.jsonl")) == 5
@@ -259,10 +259,10 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, capsys, reference):
     out = tmp_path / "run"
     t0 = time.monotonic()
     # DP-REC charges about 5 ledger lines a round: stop in round 4 (after the checkpoint
-    # at 2); DP-FedAvg charges 6 lines a round: stop in round 3
+    # at 2); DP-FedAvg charges one line (the population's release) a round: stop in round 3
     where1, led1 = kill_when(ARGV, out, False, "ledger-dprec.jsonl", 1 + 17)
     eps1 = led1.epsilons()
-    where2, _ = kill_when(ARGV, out, True, "ledger-dpfedavg.jsonl", 1 + 13)
+    where2, _ = kill_when(ARGV, out, True, "ledger-dpfedavg.jsonl", 1 + 3)
     eps2 = Ledger.open(out / "ledger-dprec.jsonl").epsilons()
     assert all(eps2[c] >= e for c, e in eps1.items())  # spend never decreases
     assert main(ARGV + ["--out", str(out), "--resume"]) == 0

@@ -5,6 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.privkit-installed
 FULL   := $(VENV)/.privkit-installed-full
+BENCH  := $(VENV)/.privkit-installed-bench
 
 .PHONY: run test docs bench lint clean soak
 
@@ -23,6 +24,11 @@ $(FULL): $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,examples,flower,docs]"
 	touch $(FULL)
 
+# make bench also needs Opacus (the record-level comparison of bench/private_utility.py).
+$(BENCH): $(FULL)
+	$(PY) -m pip install -q -e ".[dev,examples,flower,docs,bench]"
+	touch $(BENCH)
+
 run: $(STAMP)
 	$(VENV)/bin/privkit demo
 
@@ -40,7 +46,7 @@ docs: $(FULL)
 soak: $(FULL)
 	PRIVKIT_SOAK=1 $(PY) -m pytest -q -s tests/reliability
 
-bench: $(FULL)
+bench: $(BENCH)
 	$(PY) bench/accounting.py
 	$(PY) bench/imports.py
 	$(PY) bench/mechanisms.py
@@ -50,6 +56,7 @@ bench: $(FULL)
 	$(PY) bench/scfl.py
 	$(PY) bench/rec.py --quick
 	$(PY) bench/flower.py
+	$(PY) bench/private_utility.py --quick --out runs/private_utility-quick
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check privkit fl_examples tests bench

@@ -102,16 +102,36 @@ class EpsilonReport:
         method: the accounting method that produced it (e.g. ``"exact"``,
             ``"pld"``, ``"rdp (fallback: ...)"``, ``"optimal"``).
         assumptions: what the number assumes, one phrase each.
+        neighboring_relation: the name of the neighbouring relation priced
+            (``"ADD_OR_REMOVE_ONE"`` or ``"REPLACE_ONE"``; None when no relation was priced).
+
+    ``float(report)`` is the epsilon and ``str(report)`` one line (epsilon, delta, method,
+    relation); :meth:`summary` adds the assumptions, one line each.
+
+    Example:
+        >>> r = EpsilonReport(1.5, 1e-5, "exact", (), "REPLACE_ONE")
+        >>> float(r), str(r)
+        (1.5, 'eps <= 1.5 at delta=1e-05  [exact; neighbouring relation: replace_one]')
     """
 
     epsilon: float
     delta: float
     method: str
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    neighboring_relation: str | None = None
+
+    def __float__(self) -> float:
+        return float(self.epsilon)
 
     def __str__(self) -> str:
-        s = f"eps <= {self.epsilon:.6g} at delta={self.delta:.3g}  [{self.method}]"
-        return s + "".join(f"\n  - {a}" for a in self.assumptions)
+        rel = (f"; neighbouring relation: {self.neighboring_relation.lower()}"
+               if self.neighboring_relation else "")
+        return f"eps <= {self.epsilon:.6g} at delta={self.delta:.3g}  [{self.method}{rel}]"
+
+    def summary(self) -> str:
+        """:func:`str` of the report, then each assumption other than the relation on a line."""
+        rest = [a for a in self.assumptions if not a.startswith("neighbouring relation:")]
+        return str(self) + "".join(f"\n  - {a}" for a in rest)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,11 +139,14 @@ class EpsilonReport:
             "delta": self.delta,
             "method": self.method,
             "assumptions": list(self.assumptions),
+            "neighboring_relation": self.neighboring_relation,
         }
 
 
 # ----------------------------------------------------------------- helpers
 def _relation(value: Any) -> Any:
+    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
+        return NeighboringRelation[value.upper()]
     if not isinstance(value, NeighboringRelation):
         raise InvalidParameterError(
             "neighboring_relation", value, "a dp_accounting NeighboringRelation"
@@ -406,15 +429,16 @@ def auto_prefers_pld(comp: Composition, d: float) -> bool:
 def _price_epsilon(comp: Composition, d: float, method: Method, relation: Any) -> EpsilonReport:
     if comp.non_private:
         return EpsilonReport(math.inf, d, "non-private (noise 0 or NonPrivateDpEvent)",
-                             _assumptions(comp, relation))
+                             _assumptions(comp, relation), relation.name)
     if comp.empty:
-        return EpsilonReport(0.0, d, "none (no events)", ())
+        return EpsilonReport(0.0, d, "none (no events)", (), None)
     _check_relation(comp, relation)
     if method is Method.AUTO:
         e, name = _auto_epsilon(comp, d, relation)
     else:
         e, name = _epsilon_by(comp, d, method, relation)
-    return EpsilonReport(_check_result(e, "epsilon"), d, name, _assumptions(comp, relation))
+    return EpsilonReport(_check_result(e, "epsilon"), d, name, _assumptions(comp, relation),
+                         relation.name)
 
 
 def epsilon(
@@ -430,7 +454,10 @@ def epsilon(
         event: a dp-accounting ``DpEvent`` or a privkit event, possibly composed.
         delta: target delta in (0, 1).
         method: a :class:`Method` (or its name); ``AUTO`` picks the tightest.
-        neighboring_relation: dp-accounting's relation; it matters for sampled events.
+        neighboring_relation: dp-accounting's relation (or its name, e.g. ``"REPLACE_ONE"``):
+            the relation the event's sensitivity is for (a mechanism's
+            ``neighboring_relation``, e.g. ``GaussianOutputPerturbation``'s ``REPLACE_ONE``);
+            the report names it. It changes the number for sampled events only.
 
     Raises:
         InvalidParameterError: bad delta or bad event parameters (names the field).
@@ -457,15 +484,15 @@ def delta(
 def _price_delta(comp: Composition, e: float, m: Method, rel: Any) -> EpsilonReport:
     if comp.non_private:
         return EpsilonReport(e, 1.0, "non-private (noise 0 or NonPrivateDpEvent)",
-                             _assumptions(comp, rel))
+                             _assumptions(comp, rel), rel.name)
     if comp.empty or math.isinf(e):
         return EpsilonReport(e, 0.0, "none (no events)" if comp.empty else "epsilon = inf",
-                             _assumptions(comp, rel))
+                             _assumptions(comp, rel), None if comp.empty else rel.name)
     _check_relation(comp, rel)
     d, name = _auto_delta(comp, e, rel) if m is Method.AUTO else _delta_by(comp, e, m, rel)
     if math.isnan(d) or d < 0 or d > 1 + 1e-12:
         raise NumericalError(f"delta came out as {d}; refusing to report it")
-    return EpsilonReport(e, min(d, 1.0), name, _assumptions(comp, rel))
+    return EpsilonReport(e, min(d, 1.0), name, _assumptions(comp, rel), rel.name)
 
 
 def epsilon_batch(

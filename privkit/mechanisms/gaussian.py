@@ -242,6 +242,22 @@ class GaussianOutputPerturbation:
         return min(2.0 * tau, bound)
 
     @property
+    def neighboring_relation(self) -> Any:
+        """The relation :attr:`sensitivity` is for, to price :meth:`event` under.
+
+        ``REPLACE_ONE`` (one record of the client replaced) for ``CLIP_REPLACE_ONE`` and
+        ``STRONGLY_CONVEX``; ``ADD_OR_REMOVE_ONE`` for ``PAPER`` (Thm C.1's add-one
+        neighbours). A non-subsampled Gaussian has the same epsilon under either; the report
+        names the relation: ``privkit.epsilon(mech.event(), delta,
+        neighboring_relation=mech.neighboring_relation)``.
+        """
+        from privkit.events.mechanisms import NeighboringRelation
+
+        if self.sensitivity_mode is Sensitivity.PAPER:
+            return NeighboringRelation.ADD_OR_REMOVE_ONE
+        return NeighboringRelation.REPLACE_ONE
+
+    @property
     def stddev(self) -> float:
         """Absolute noise standard deviation per coordinate: noise_multiplier * sensitivity."""
         return self.noise_multiplier * self.sensitivity

@@ -119,6 +119,13 @@ class LaplaceGradientNoise:
         return 2.0 * self.l2_clip_norm / self.batch_size
 
     @property
+    def neighboring_relation(self) -> Any:
+        """``REPLACE_ONE``: the relation :attr:`sensitivity` is for (the report names it)."""
+        from privkit.events.mechanisms import NeighboringRelation
+
+        return NeighboringRelation.REPLACE_ONE
+
+    @property
     def alpha(self) -> float:
         """Rate of the ``L2`` noise, epsilon / sensitivity (1 / gradient units)."""
         return self.epsilon / self.sensitivity

@@ -28,12 +28,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import math
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeGuard
 
@@ -248,9 +249,24 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _durable_temp(path: str, data: bytes) -> str:
+def _temp_file(path: str) -> tuple[int, str]:
+    """A new temporary file beside ``path``, open for writing, with the mode an ordinary file
+    gets (0o666 less the umask, like the plots and the head record beside it) rather than
+    ``mkstemp``'s 0o600: nothing privkit writes is meant to be more private than the directory
+    it is in."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", path)
+
+
+def _durable_temp(path: str, data: bytes) -> str:
+    fd, tmp = _temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -56,6 +56,25 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
+TRAIN_EPILOG = """\
+data sets (--dataset), for upcycled and dprec:
+  synthetic:ALPHA,BETA[:PRESET]  Synthetic(alpha, beta); PRESET paper (default),
+                                 fedprox or released; e.g. synthetic:0.5,0.5
+  synthetic:iid[:PRESET]         the IID variant
+  digits[:K] | digits:iid        sklearn digits, K classes per client (default 5)
+  ...@CLIENTS[/MAXSIZE]          suffix on synthetic and digits: the number of clients
+                                 (default 30) and, for synthetic, each client's maximum
+                                 records; e.g. digits:3@10, synthetic:1,1@2000/500
+  breast_cancer[:CLIENTS]        sklearn breast cancer (default 10 clients)
+  leaf:DIR | femnist:DIR | sent140:DIR | sent140tok:DIR   LEAF directories
+  mnist:DIR                      MNIST IDX files, IID
+scfl: digits[:K] | digits:iid | linreg[:D,O[,NOISE]] | mnist:DIR
+mapa (over its edges): digits[:K] | digits:iid | synthetic:ALPHA,BETA[:PRESET] |
+  synthetic:iid[:PRESET] | mnist:DIR
+Every trainer takes --help (its options, with their defaults)."""
+"""The epilog of ``privkit train --help``: the data-set specs."""
+
+
 def add_report_parser(sub: Any, parser_class: Any) -> None:
     """Register ``report tradeoff`` (privacy-utility plot over run directories)."""
     from fl_examples.core import tradeoff
@@ -73,11 +92,18 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
     """Register ``train <name>`` for every module in :mod:`fl_examples.commands`."""
     from fl_examples.commands import command_modules
 
-    train = sub.add_parser("train", help="run a bundled FL trainer")
-    tsub = train.add_subparsers(dest="trainer", required=True, parser_class=parser_class)
+    train = sub.add_parser("train", help="run a bundled FL trainer",
+                           description="Run a bundled federated-learning trainer; each "
+                           "writes OUT/report.json, plots and (private runs) ledgers.",
+                           epilog=TRAIN_EPILOG)
+    tsub = train.add_subparsers(dest="trainer", required=True, parser_class=parser_class,
+                                metavar="TRAINER")
     for module in command_modules():
         p = tsub.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(p)
+        p.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                       help="no progress bar and no non-essential output (as privkit "
+                            "--quiet; TQDM_DISABLE=1 turns the progress bar off too)")
         p.add_argument("--threads", type=float, default=DEFAULT_THREADS,
                        help=f"CPU threads for torch during the run (default {DEFAULT_THREADS}: "
                             "the bundled models are small, and on a busy machine more threads "
@@ -115,10 +141,12 @@ def run_train(args: argparse.Namespace) -> int:
     is read or anything is charged; what ``--overwrite`` removed is said on stderr.
     """
     from fl_examples.core import outdir
+    from fl_examples.core.report import quiet
     from fl_examples.core.run import DEFAULT_MAX_LOSS_FACTOR, max_loss_factor
 
     factor = getattr(args, "max_loss_factor", None)
-    with max_loss_factor(DEFAULT_MAX_LOSS_FACTOR if factor is None else factor):
+    with max_loss_factor(DEFAULT_MAX_LOSS_FACTOR if factor is None else factor), \
+            quiet(bool(getattr(args, "quiet", False))):
         prepared = outdir.prepare_out(args.out, resume=bool(getattr(args, "resume", False)),
                                       overwrite=bool(getattr(args, "overwrite", False)))
         for note in prepared.notes if prepared is not None else ():
@@ -132,28 +160,51 @@ def run_train(args: argparse.Namespace) -> int:
                 set_threads(before)
 
 
-def demo_trainers(out: str) -> None:
-    """A short Upcycled-FL vs FedProx vs FedAvg comparison for ``privkit demo``.
+def demo_trainers(out: str, *, as_json: bool = False) -> dict[str, Any]:
+    """A short Upcycled-FL vs FedProx vs FedAvg comparison for ``privkit demo``; returns each
+    algorithm's final evaluation (and data rounds), the report path and the seconds taken.
 
-    The models are tiny, so one torch thread is fastest (and several threads spin badly
-    when the machine is busy).
+    Prints the final table unless ``as_json``, and the narration unless that or
+    :func:`~fl_examples.core.report.quiet`. The models are tiny, so one torch thread is
+    fastest (and several threads spin badly when the machine is busy).
     """
+    from fl_examples.core.report import is_quiet
     from fl_examples.upcycled import UpcycledConfig, final_table, train
 
     cfg = UpcycledConfig(dataset="synthetic:0.5,0.5", mu=1.0, lam=0.43, iterations=40,
                          fraction=0.3, stragglers=0.9, local_epochs=20, batch_size=32, lr=0.05,
                          seed=0, device="auto", eval_every=2)
-    print("\nUpcycled-FL vs FedProx vs FedAvg on Synthetic(0.5,0.5), 30 devices, fraction 0.3, "
-          "90% stragglers,\nmu=1, lambda=0.43, 40/20/20 iterations (the paper runs 160/80/80):")
+    chatty = not (as_json or is_quiet())
+    if chatty:
+        print("\nUpcycled-FL vs FedProx vs FedAvg on Synthetic(0.5,0.5), 30 devices, fraction "
+              "0.3, 90% stragglers,\nmu=1, lambda=0.43, 40/20/20 iterations (the paper runs "
+              "160/80/80):")
     t0 = time.perf_counter()
-    set_threads(DEFAULT_THREADS)
-    res = train(cfg, compare=("fedprox", "fedavg"), out=out)
-    print(final_table(res))
-    print(f"({time.perf_counter() - t0:.0f} s; report and plots in {out}/)", file=sys.stdout)
+    before = set_threads(DEFAULT_THREADS)
+    try:
+        res = train(cfg, compare=("fedprox", "fedavg"), out=out)
+    finally:
+        set_threads(before)
+    seconds = time.perf_counter() - t0
+    if not as_json:
+        print(("" if chatty else "\n") + final_table(res))
+    if chatty:
+        print(f"({seconds:.0f} s; report and plots in {out}/)", file=sys.stdout)
+    return {"algorithms": {n: r["history"][-1] | {"data_rounds": r.get("data_rounds")}
+                           for n, r in res["algorithms"].items()},
+            "report": f"{out}/report.json", "seconds": seconds}
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    demo_trainers(args.out)
+    """The training part of ``privkit demo``: with ``--json`` its results go into
+    ``args.demo_json["training"]`` (privkit prints the one object)."""
+    from fl_examples.core.report import quiet
+
+    as_json = bool(getattr(args, "json", False))
+    with quiet(bool(getattr(args, "quiet", False))):
+        result = demo_trainers(args.out, as_json=as_json)
+    if as_json and isinstance(getattr(args, "demo_json", None), dict):
+        args.demo_json["training"] = result
     return 0
 
 

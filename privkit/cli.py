@@ -26,12 +26,13 @@ from typing import Any, NoReturn
 
 from privkit import _validate
 from privkit import audit as _audit
-from privkit.accountants import Method, epsilon
+from privkit.accountants import Method, NeighboringRelation, epsilon
 from privkit.accountants.calibration import calibrate_noise_multiplier
 from privkit.errors import InvalidParameterError, PrivkitError
 from privkit.events import gaussian_steps_event, pure_steps_event
 
-__all__ = ["main", "COMMAND_GROUP", "EXAMPLES_INSTALL"]
+__all__ = ["main", "version", "COMMAND_GROUP", "EXAMPLES_INSTALL", "EXAMPLES_MODULES",
+           "HelpFormatter", "add_quiet"]
 
 COMMAND_GROUP = "privkit.commands"
 """Entry-point group of the subcommands other packages add (the bundled trainers: ``train``,
@@ -41,13 +42,43 @@ parser_class)`` (None for ``demo``) and ``run(args) -> int``."""
 EXAMPLES_INSTALL = "pip install 'privkit[examples]'"
 """What to run when a command needs the bundled trainers."""
 
+EXAMPLES_MODULES = frozenset({"fl_examples", "torch", "sklearn", "matplotlib", "safetensors",
+                              "tqdm"})
+"""Top-level modules of the bundled trainers and the ``examples`` extra: a command that fails
+to import one of them prints one line naming :data:`EXAMPLES_INSTALL` and exits with status 2."""
+
+
+def _missing_extra(exc: BaseException) -> bool:
+    """Whether ``exc`` is a module of :data:`EXAMPLES_MODULES` that is not installed."""
+    name = getattr(exc, "name", None)
+    return isinstance(exc, ModuleNotFoundError) and isinstance(name, str) \
+        and name.split(".")[0] in EXAMPLES_MODULES
+
+
 #: Commands whose parser and implementation come from :data:`COMMAND_GROUP` (with the help
 #: shown when they are missing).
 _PLUGIN_COMMANDS = {"train": "run a bundled FL trainer", "report": "summaries across "
                     "finished runs"}
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's default in its help (``(default: ...)``, left out where the help already
+    says it or there is none to say), and descriptions and epilogs shown as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower() or any(
+                action.default is x for x in (None, False, argparse.SUPPRESS)) \
+                or action.nargs == 0:
+            return text
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -79,6 +110,16 @@ def error_line(exc: BaseException, args: argparse.Namespace | None = None) -> st
     return " ".join(str(exc).split("\n"))
 
 
+def version() -> str:
+    """privkit's version: the installed distribution's, else ``privkit.__version__``."""
+    try:
+        return importlib.metadata.version("privkit")
+    except importlib.metadata.PackageNotFoundError:
+        import privkit
+
+        return str(getattr(privkit, "__version__", "unknown"))
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -95,6 +136,32 @@ def _integer_or_number(text: str) -> int | float:
 
 def _methods() -> list[str]:
     return [m.value for m in Method]
+
+
+_DELTA_HELP = "the delta in (0, 1) the epsilon holds at"
+_METHOD_HELP = ("accounting method: exact, pld / pld-fft (privacy-loss distributions), rdp, "
+                "moments; auto: the tightest valid bound")
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    """``--quiet`` after a command (the same as ``privkit --quiet COMMAND``)."""
+    parser.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress bars and no non-essential output (as privkit "
+                        "--quiet)")
+
+
+_add_quiet = add_quiet
+
+_RELATIONS = {"add-remove": "ADD_OR_REMOVE_ONE", "replace-one": "REPLACE_ONE"}
+
+
+def _add_relation(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--relation", default="add-remove", choices=list(_RELATIONS),
+        help="neighbouring relation the mechanism's sensitivity is for (z = stddev / that "
+        "sensitivity): add-remove (one record added or removed) or replace-one (one record "
+        "replaced, e.g. privkit.GaussianOutputPerturbation's 2 tau); it changes the epsilon "
+        "of sampled steps only, and the report names it")
 
 
 def _load_commands() -> dict[str, Any]:
@@ -120,8 +187,17 @@ def _needs_examples(command: str, exc: BaseException | None = None) -> int:
 
 def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     commands = _load_commands() if commands is None else commands
-    p = _Parser(prog="privkit", description="Differential privacy for federated learning.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = _Parser(prog="privkit", description="Differential privacy for federated learning.",
+                epilog="Every command takes --help.\nExit status: 0 on success, 2 for bad "
+                "arguments or data (one line on stderr),\n1 for a failed audit or a diverged "
+                "run.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                   help="print the version and exit")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bars and no non-essential output (so does "
+                   "TQDM_DISABLE=1 for the progress bars)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                           metavar="COMMAND")
 
     eps = sub.add_parser("epsilon", help="epsilon for given settings")
     eps_sub = eps.add_subparsers(dest="mechanism", required=True, parser_class=_Parser)
@@ -131,32 +207,43 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
     g.add_argument("--steps", type=_integer_or_number, required=True, help="number of releases T")
     g.add_argument("--sampling-probability", type=_number, default=1.0,
                    help="Poisson sampling probability q in (0, 1] (default 1: no sampling)")
-    g.add_argument("--delta", type=_number, required=True)
-    g.add_argument("--method", default="auto", choices=_methods())
+    g.add_argument("--delta", type=_number, required=True, help=_DELTA_HELP)
+    g.add_argument("--method", default="auto", choices=_methods(), help=_METHOD_HELP)
+    _add_relation(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
 
     pu = eps_sub.add_parser("pure", help="k-fold composition of epsilon0-DP steps")
     pu.add_argument("--epsilon", type=_number, required=True, help="per-step epsilon0")
     pu.add_argument("--steps", type=_integer_or_number, required=True, help="number of steps k")
-    pu.add_argument("--delta", type=_number, required=True)
+    pu.add_argument("--delta", type=_number, required=True, help=_DELTA_HELP)
     pu.add_argument("--method", default="auto", choices=["auto", "optimal", "advanced", "basic",
-                                                          "pld", "rdp"])
-    pu.add_argument("--json", action="store_true")
+                                                          "pld", "rdp"],
+                    help="optimal, advanced or basic composition, a PLD or RDP; auto: the "
+                    "tightest")
+    pu.add_argument("--json", action="store_true", help="print one JSON object")
 
     cal = sub.add_parser("calibrate", help="noise for a target epsilon")
     cal_sub = cal.add_subparsers(dest="mechanism", required=True, parser_class=_Parser)
     cg = cal_sub.add_parser("gaussian", help="noise multiplier for (subsampled) Gaussian steps")
-    cg.add_argument("--target-epsilon", type=_number, required=True)
-    cg.add_argument("--delta", type=_number, required=True)
-    cg.add_argument("--steps", type=_integer_or_number, required=True)
-    cg.add_argument("--sampling-probability", type=_number, default=1.0)
-    cg.add_argument("--method", default="auto", choices=_methods())
-    cg.add_argument("--json", action="store_true")
+    cg.add_argument("--target-epsilon", type=_number, required=True,
+                    help="the epsilon the noise must reach (the result never exceeds it)")
+    cg.add_argument("--delta", type=_number, required=True, help=_DELTA_HELP)
+    cg.add_argument("--steps", type=_integer_or_number, required=True,
+                    help="number of releases T")
+    cg.add_argument("--sampling-probability", type=_number, default=1.0,
+                    help="Poisson sampling probability q in (0, 1] (1: no sampling)")
+    cg.add_argument("--method", default="auto", choices=_methods(),
+                    help=_METHOD_HELP + " (it both solves and verifies)")
+    cg.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="epsilons for standard settings, then a short "
                           "Upcycled-FL vs FedProx vs FedAvg run")
     demo.add_argument("--out", default="runs/demo", help="where the demo run writes its report")
     demo.add_argument("--no-train", action="store_true", help="only the epsilon table")
+    demo.add_argument("--json", action="store_true",
+                      help="print one JSON object (the epsilon table and the run's final "
+                      "results) instead of the tables")
+    _add_quiet(demo)
 
     for name, help_text in _PLUGIN_COMMANDS.items():
         command = commands.get(name)
@@ -203,13 +290,15 @@ def _cmd_epsilon(a: argparse.Namespace) -> None:
         ev = gaussian_steps_event(a.noise_multiplier, _validate.positive_int("steps", a.steps),
                                   a.sampling_probability)
         settings = {"noise_multiplier": a.noise_multiplier, "steps": int(a.steps),
-                    "sampling_probability": a.sampling_probability}
+                    "sampling_probability": a.sampling_probability, "relation": a.relation}
     else:
         ev = pure_steps_event(a.epsilon, _validate.positive_int("steps", a.steps))
         settings = {"epsilon0": a.epsilon, "steps": int(a.steps)}
-    r = epsilon(ev, a.delta, a.method)
+    relation = getattr(a, "relation", "add-remove")
+    r = epsilon(ev, a.delta, a.method,
+                neighboring_relation=NeighboringRelation[_RELATIONS[relation]])
     out = r.to_dict() | settings
-    _emit(out, a.json, str(r))
+    _emit(out, a.json, r.summary())
 
 
 def _cmd_calibrate(a: argparse.Namespace) -> None:
@@ -250,9 +339,18 @@ def demo_rows() -> list[tuple[str, str, float, str, float]]:
 
 def _cmd_demo(a: argparse.Namespace, commands: dict[str, Any]) -> int:
     rows = demo_rows()
+    if a.json:
+        a.demo_json = {"epsilons": [
+            {"setting": name, "method": method, "delta": float(d), "epsilon": eps,
+             "seconds": secs} for name, method, eps, d, secs in rows], "training": None}
+        code = 0 if a.no_train else _run_command("demo", a, commands)
+        if code == 0:
+            _emit(a.demo_json, True, "")
+        return code
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    print("privkit demo: epsilon upper bounds for standard settings\n")
+    if not a.quiet:
+        print("privkit demo: epsilon upper bounds for standard settings\n")
     print(f"{'setting':<{w0}}  {'method':<{w1}}  {'delta':>6}  {'epsilon':>10}  {'time':>8}")
     print("-" * (w0 + w1 + 34))
     last = None
@@ -260,7 +358,8 @@ def _cmd_demo(a: argparse.Namespace, commands: dict[str, Any]) -> int:
         shown = name if name != last else ""
         last = name
         print(f"{shown:<{w0}}  {method:<{w1}}  {d:>6}  {eps:>10.4f}  {secs * 1e3:>6.1f}ms")
-    print("\n'auto' is the tightest valid bound; every number is an upper bound on epsilon.")
+    if not a.quiet:
+        print("\n'auto' is the tightest valid bound; every number is an upper bound on epsilon.")
     if a.no_train:
         return 0
     return _run_command("demo", a, commands)
@@ -274,7 +373,9 @@ def _run_command(name: str, a: argparse.Namespace, commands: dict[str, Any]) -> 
         return _needs_examples(name, command)
     try:
         return int(command.run(a) or 0)
-    except ImportError as exc:  # e.g. torch: installed without the examples extra
+    except ModuleNotFoundError as exc:  # e.g. torch: installed without the examples extra
+        if not _missing_extra(exc):
+            raise
         return _needs_examples(name, exc)
 
 
@@ -447,12 +548,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     audit found a violation.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:  # a missing extra raised outside a command's run
+        if not _missing_extra(exc):
+            raise
+        command = next((x for x in argv if not x.startswith("-")), "privkit")
+        return _needs_examples(command, exc)
+
+
+def _main(argv: list[str]) -> int:
     plugins = _load_commands()
     if argv and argv[0] in _PLUGIN_COMMANDS:
         command = plugins.get(argv[0])
         if command is None or isinstance(command, BaseException):
             return _needs_examples(argv[0], command)
     parser = _build_parser(plugins)
+    if not argv:  # bare ``privkit``: the usage and the commands, not only "required: command"
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         if args.command in _PLUGIN_COMMANDS:

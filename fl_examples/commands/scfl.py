@@ -7,6 +7,13 @@ import json
 
 from fl_examples.commands import nonnegative_int, positive_int
 
+DATASET_HELP = (
+    "the data set, over --clients clients: digits[:K] (sklearn digits, K classes per client, "
+    "1..10, default 5; one-hot targets) or digits:iid; linreg[:D,O[,NOISE]] (synthetic linear "
+    "regression y = x W + e with D features, O outputs and noise stddev NOISE; default "
+    "20,5,0.1; continuous targets); mnist:DIR (IDX files, IID)")
+"""The ``--dataset`` help: the grammar of :func:`fl_examples.scfl.data.load_data`."""
+
 NAME = "scfl"
 HELP = "SCFL: stochastic coded FL with MI-DP coded data (and its baselines)"
 DESCRIPTION = ("Stochastic coded federated learning (linear regression) on a simulated "
@@ -26,8 +33,7 @@ def _opt_float(text: str) -> float | None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``privkit train scfl``."""
     p.add_argument("--dataset", default="digits",
-                   help="digits[:K|:iid] | linreg[:D,O[,NOISE]] (synthetic regression) | "
-                        "mnist:DIR")
+                   help=DATASET_HELP)
     p.add_argument("--clients", type=float, default=20, help="n, number of clients")
     p.add_argument("--coded-rows", type=float, default=500, help="c, coded rows per client")
     p.add_argument("--noise-stddev", type=float, default=1.0,
@@ -39,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-norm-bound", type=float, default=1.0,
                    help="clipping bound of continuous targets (linreg)")
     p.add_argument("--kappa", type=float, default=0.5,
-                   help="weight of the client part (default 1/2; paper value not available)")
+                   help="weight of the client part (paper value not available)")
     p.add_argument("--deadline", type=_opt_float, default=None,
                    help="T, simulated seconds per epoch (default auto: the slowest client's "
                         "minimum time)")
@@ -77,12 +83,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithms", default="scfl,fl-pma", help=f"comma-separated: {METHODS}")
     p.add_argument("--secure-coding", action="store_true",
                    help="draw G and the noise from the OS CSPRNG (not reproducible)")
-    p.add_argument("--seed", type=float, default=0)
-    p.add_argument("--eval-every", type=float, default=1)
+    p.add_argument("--seed", type=float, default=0,
+                   help="seed of the data, the coding and every draw (reproducible unless "
+                        "--secure-coding)")
+    p.add_argument("--eval-every", type=float, default=1, help="evaluate every N epochs")
     p.add_argument("--checkpoint-every", type=float, default=0,
                    help="checkpoint every N epochs into OUT/checkpoints (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
-    p.add_argument("--out", required=True, help="output directory (report.json, plots)")
+    p.add_argument("--out", required=True,
+                   help="output directory (report.json, plots, ledgers, checkpoints); new or "
+                        "empty unless --resume or --overwrite")
     p.add_argument("--json", action="store_true", help="print the final results as JSON")
 
 
@@ -96,6 +106,7 @@ def _batch_sampling(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fl_examples.core.report import is_quiet
     from fl_examples.scfl import ScflConfig, final_table, train
 
     cfg = ScflConfig(
@@ -124,5 +135,6 @@ def run(args: argparse.Namespace) -> int:
                           for n, r in res["algorithms"].items()}, default=str))
     else:
         print(final_table(res))
-        print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
+        if not is_quiet():
+            print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
     return 0

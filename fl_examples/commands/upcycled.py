@@ -7,6 +7,17 @@ import json
 
 from fl_examples.commands import nonnegative_int
 
+DATASET_HELP = (
+    "the federated data set: synthetic:ALPHA,BETA[:PRESET] (Synthetic(alpha, beta), PRESET "
+    "paper (default; 20 features, 10 classes), fedprox (60, 10) or released (20, 2)); "
+    "synthetic:iid[:PRESET]; digits[:K] (sklearn digits over the clients, K classes per "
+    "client, default 5) or digits:iid; a suffix @CLIENTS[/MAXSIZE] on synthetic and digits "
+    "sets the number of clients (default 30) and, for synthetic, caps each client's records "
+    "(e.g. synthetic:0.5,0.5@2000/500); breast_cancer[:CLIENTS] (default 10); leaf:DIR (any "
+    "LEAF directory); femnist:DIR (LEAF FEMNIST, letters a-j); sent140:DIR (bag of words); "
+    "sent140tok:DIR (token ids, for --model lstm); mnist:DIR (IDX files, IID over 30 clients)")
+"""The ``--dataset`` help: the grammar of :func:`fl_examples.core.data.parse_dataset_spec`."""
+
 NAME = "upcycled"
 HELP = "Upcycled-FL (and FedProx / FedAvg baselines)"
 DESCRIPTION = "Upcycled-FL with FedProx and FedAvg baselines, optionally private."
@@ -15,30 +26,38 @@ DESCRIPTION = "Upcycled-FL with FedProx and FedAvg baselines, optionally private
 def add_arguments(u: argparse.ArgumentParser) -> None:
     """The options of ``privkit train upcycled``."""
     u.add_argument("--dataset", default="synthetic:0.5,0.5",
-                   help="synthetic:ALPHA,BETA | synthetic:iid | digits[:K] | breast_cancer | "
-                        "sent140tok:DIR | "
-                        "leaf:DIR | femnist:DIR | sent140:DIR | mnist:DIR")
-    u.add_argument("--model", default="logreg", choices=["logreg", "mlp", "cnn", "lstm"])
+                   help=DATASET_HELP)
+    u.add_argument("--model", default="logreg", choices=["logreg", "mlp", "cnn", "lstm"],
+                   help="the model: multinomial logistic regression, a small MLP, a CNN "
+                        "(images) or an LSTM (sent140tok)")
     u.add_argument("--mu", type=float, default=1.0, help="FedProx proximal coefficient")
     u.add_argument("--lam", type=float, default=0.42, help="lambda: c = mu / (mu + lambda)")
-    u.add_argument("--lam-schedule", default="constant", choices=["constant", "sqrt"])
+    u.add_argument("--lam-schedule", default="constant", choices=["constant", "sqrt"],
+                   help="constant: lambda_m = lam (the paper's experiments); sqrt: lambda_m = "
+                        "lam sqrt(m) (Corollary 4.8)")
     u.add_argument("--iterations", type=float, default=160,
                    help="Upcycled-FL iterations (baselines in --compare run half as many)")
     u.add_argument("--fraction", type=float, default=0.3, help="clients sampled per round")
     u.add_argument("--stragglers", type=float, default=0.9, help="share of stragglers")
     u.add_argument("--epochs", type=float, default=20, help="local epochs E")
-    u.add_argument("--batch-size", type=float, default=32)
-    u.add_argument("--lr", type=float, default=0.05)
-    u.add_argument("--momentum", type=float, default=0.5)
+    u.add_argument("--batch-size", type=float, default=32,
+                   help="local minibatch size (record: the expected Poisson batch size)")
+    u.add_argument("--lr", type=float, default=0.05, help="local SGD learning rate")
+    u.add_argument("--momentum", type=float, default=0.5, help="local SGD momentum")
     u.add_argument("--compare", default="", help="comma-separated: fedprox,fedavg")
-    u.add_argument("--algorithm", default="upcycled", choices=["upcycled", "fedprox", "fedavg"])
-    u.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    u.add_argument("--seed", type=float, default=0)
-    u.add_argument("--eval-every", type=float, default=1)
+    u.add_argument("--algorithm", default="upcycled", choices=["upcycled", "fedprox", "fedavg"],
+                   help="the main algorithm of the run")
+    u.add_argument("--device", default="auto",
+                   help="auto | cpu | cuda[:N] (auto: cuda when available)")
+    u.add_argument("--seed", type=float, default=0,
+                   help="seed of the data, the model and every draw (the run is reproducible)")
+    u.add_argument("--eval-every", type=float, default=1, help="evaluate every N iterations")
     u.add_argument("--checkpoint-every", type=float, default=0,
                    help="checkpoint every N iterations into OUT/checkpoints (0: never)")
     u.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
-    u.add_argument("--out", required=True, help="output directory (report.json, plots)")
+    u.add_argument("--out", required=True,
+                   help="output directory (report.json, plots, ledgers, checkpoints); new or "
+                        "empty unless --resume or --overwrite")
     p = u.add_argument_group("privacy (odd iterations only; even ones are post-processing)")
     p.add_argument("--privacy", default="none",
                    choices=["none", "output", "objective", "client", "record"],
@@ -81,14 +100,19 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-for-epsilon", type=float, default=None,
                    help="calibrate --sigma / --alpha / --noise-multiplier so the run ends at "
                         "this epsilon")
-    p.add_argument("--noise-target", default="mean", choices=["mean", "max"])
+    p.add_argument("--noise-target", default="mean", choices=["mean", "max"],
+                   help="--noise-for-epsilon targets the clients' mean or max epsilon")
     p.add_argument("--allow-unproven", action="store_true",
                    help="run objective perturbation outside Thm C.2 (epsilon marked NOT PROVEN)")
-    p.add_argument("--baseline-iterations", default="auto", choices=["auto", "half", "same"])
+    p.add_argument("--baseline-iterations", default="auto", choices=["auto", "half", "same"],
+                   help="iterations of the --compare baselines: half of --iterations (the "
+                        "paper's equal client compute), the same, or auto (half, unless "
+                        "private: FedProx then releases twice as often)")
     u.add_argument("--json", action="store_true", help="print the final table as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    from fl_examples.core.report import is_quiet
     from fl_examples.upcycled import UpcycledConfig, final_table, train
 
     cfg = UpcycledConfig(
@@ -120,5 +144,6 @@ def run(args: argparse.Namespace) -> int:
                           for n, r in res["algorithms"].items()}))
     else:
         print(final_table(res))
-        print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
+        if not is_quiet():
+            print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
     return 0

@@ -18,17 +18,23 @@ further sections
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privkit.ledger import atomic_write_bytes
 
-__all__ = ["EVALUATION_KEYS", "write_report", "plot_histories", "progress", "Column",
-           "text_table"]
+__all__ = ["EVALUATION_KEYS", "write_report", "plot_histories", "progress", "quiet",
+           "is_quiet", "Column", "text_table"]
+
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("quiet", default=False)
+_FALSE = ("", "0", "false", "no", "off")
 
 EVALUATION_KEYS = ("iteration", "train_loss", "train_accuracy", "test_accuracy", "wall_time_s",
                    "client_compute_s")
@@ -127,11 +133,39 @@ def plot_histories(
     return written
 
 
+@contextlib.contextmanager
+def quiet(on: bool = True) -> Iterator[None]:
+    """Within it (``on``), :func:`progress` bars are off and :func:`is_quiet` is true
+    (``--quiet``)."""
+    token = _QUIET.set(bool(on) or _QUIET.get())
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
+def is_quiet() -> bool:
+    """Whether non-essential output is off (inside :func:`quiet`)."""
+    return _QUIET.get()
+
+
+def progress_disabled() -> bool | None:
+    """tqdm's ``disable``: True under :func:`quiet` or ``TQDM_DISABLE`` set (other than 0 /
+    false / no / off), else None (a bar on a terminal only)."""
+    env = os.environ.get("TQDM_DISABLE")
+    if _QUIET.get() or (env is not None and env.strip().lower() not in _FALSE):
+        return True
+    return None
+
+
 def progress(total: int, desc: str) -> Any:
-    """A progress bar on a terminal, silent otherwise (CI logs stay readable)."""
+    """A progress bar on a terminal, silent otherwise (CI logs stay readable), under
+    :func:`quiet` and with ``TQDM_DISABLE=1`` in the environment (an explicit ``disable``
+    would otherwise override tqdm's own reading of it)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, leave=False, disable=None, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, leave=False, disable=progress_disabled(),
+                dynamic_ncols=True)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@
 - :class:`OutputPerturbationMod`, :class:`ObjectivePerturbationMod`, :class:`RecMod`: client
   mods applying the privkit mechanism the ledger charged (DP-REC: seed + indices, decoded by the
   strategy), with explicit generators.
+- :class:`ClientLevelDP`: client-level DP-FedAvg around any Flower strategy (Poisson client
+  sampling, clipped updates, one Gaussian draw on the sum, amplification priced by privkit,
+  a privkit ledger charged before each round, ``max_epsilon`` stop).
 - :func:`make_client_app`, :func:`make_server_app`: the pieces of the example app in
   ``fl_examples/flower/app`` (``flwr run``) and of ``run_simulation``.
 
@@ -19,6 +22,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fl_examples.flower needs Flower: pip install 'privkit[flower]'") from exc
 
+from fl_examples.flower.central import ClientLevelDP
 from fl_examples.flower.client import load_federated, local_update, make_client_app
 from fl_examples.flower.mods import ObjectivePerturbationMod, OutputPerturbationMod, RecMod
 from fl_examples.flower.privacy import PrivacySettings, ServerAccountant
@@ -26,6 +30,7 @@ from fl_examples.flower.server import initial_arrays, make_server_app
 from fl_examples.flower.strategy import PrivkitFedProx, UpcycledFedProx
 
 __all__ = [
+    "ClientLevelDP",
     "UpcycledFedProx",
     "PrivkitFedProx",
     "PrivacySettings",

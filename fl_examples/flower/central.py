@@ -1,0 +1,371 @@
+"""Client-level DP for any Flower strategy: Poisson client sampling, clipping, noise once.
+
+:class:`ClientLevelDP` wraps a strategy of Flower's message API (``flwr.serverapp.strategy``:
+``FedAvg``, ``FedProx``, ``FedAvgM``, ``FedAdam``, ``FedAdagrad``, ``FedYogi``, or privkit's
+``PrivkitFedProx`` / ``UpcycledFedProx`` without their own privacy) and runs DP-FedAvg
+(McMahan, Ramage, Talwar & Zhang, ICLR 2018) around it, with privkit's aggregate mechanism
+:class:`privkit.ClientLevelGaussian`:
+
+1. **Sampling.** Each round every connected node takes part independently with probability
+   ``q`` (``client_rate``), drawn from privkit's :class:`~privkit.SecureRandom` (a seed tree
+   only when ``seed`` is given). The sampled set is drawn before anything is sent and may be
+   empty.
+2. **Charge first.** One release of ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` for the
+   whole population (ledger id ``population``: add or remove one whole client) is charged on a
+   privkit :class:`~privkit.ledger.Ledger` before the round's messages leave. A round that
+   would take the population over ``max_epsilon`` (or the ledger's own budget) is not run:
+   the wrapper sends nothing from then on and says so in the round metrics.
+3. **Inner strategy configures.** The inner strategy's ``configure_train`` runs as usual (its
+   own state, e.g. FedAdam's current model, FedProx's ``proximal-mu``); it must address every
+   connected node (``fraction_train=1.0``), and only the messages of the sampled nodes are
+   sent. A round in which the inner strategy sends nothing (Upcycled-FL's even rounds) is
+   post-processing: nothing is charged and its ``aggregate_train`` runs as it would alone.
+4. **Release.** Each reply's update (returned model minus the global model sent) is clipped
+   to L2 norm ``C`` over all arrays, the clipped updates are summed in float64 and
+   ``N(0, (z C)^2)`` is added once per coordinate (also when no client was sampled or none
+   replied), and the sum is divided by the fixed expected count ``q N``. A reply that failed,
+   came from a node not sampled, or has other array names, shapes or non-finite values
+   contributes zero (that only ever removes one client's own contribution).
+5. **Inner strategy aggregates.** The inner strategy's ``aggregate_train`` gets **one
+   synthetic reply**: the model ``w + mean`` with weight 1 (``weighted_by_key``). A weighted
+   average of one reply is that reply, so FedAvg returns ``w + mean``, and FedOpt strategies
+   see ``delta_t = mean`` and apply their server optimiser (Adam, Adagrad, Yogi, momentum) to
+   the privatised update, which is post-processing.
+
+What it does not cover (limits): the clients' reply metrics are not released (they are raw
+client data; the synthetic reply carries only its weight), and evaluation
+(``configure_evaluate`` / ``aggregate_evaluate`` pass through to the inner strategy) is not
+private. Strategies whose aggregate of a single reply is not that reply (Krum, Bulyan,
+trimmed means that need several replies, FedXgb) do not fit this design. The guarantee
+assumes a trusted aggregator or secure aggregation (the server sees only the noisy sum:
+:data:`privkit.mechanisms.aggregate.TRUST_ASSUMPTION`) and Poisson sampling whose outcome
+stays secret; the wrapper logs the number of sampled nodes for the operator but never puts it
+in the round metrics. Flower's ``Strategy.start`` has no early exit, so after a budget stop the
+remaining rounds run without training.
+
+Round metrics (``train_metrics_clientapp`` of Flower's ``Result``): ``privkit-epsilon`` (the
+population's epsilon after the round at ``privkit-delta``), ``privkit-delta``,
+``privkit-noise-multiplier``, ``privkit-l2-clip-norm``, ``privkit-client-rate``, and
+``privkit-budget-stopped`` = 1 once training stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+import privkit
+from fl_examples.core.seeds import SeedTree
+from fl_examples.flower import records as keys
+from privkit import _validate
+from privkit._rng import SecureRandom
+from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.ledger import Ledger
+from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, ClientLevelGaussian
+
+__all__ = ["ClientLevelDP", "POPULATION", "DEFAULT_DELTA"]
+
+#: The ledger id charged every round: client-level DP gives every client the population's
+#: guarantee.
+POPULATION = "population"
+#: delta of the ledger the wrapper creates when none is given.
+DEFAULT_DELTA = 1e-5
+
+
+@dataclass(frozen=True)
+class _Round:
+    """A charged round: the global model sent, the sampled nodes, a message to reply to."""
+
+    server_round: int
+    arrays: ArrayRecord
+    sampled: frozenset[int]
+    template: Message
+
+
+class ClientLevelDP(Strategy):
+    """Client-level DP-FedAvg around any Flower message-API strategy (module docstring).
+
+    Args:
+        strategy: the inner strategy; it must address every connected node each training
+            round (``fraction_train=1.0``); this wrapper does the sampling.
+        num_clients: N, the population; the noisy sum is divided by ``q N``. The wrapper
+            waits (at most ``node_timeout`` seconds) until N nodes are connected.
+        client_rate: q in (0, 1], each node's Poisson probability of joining a round.
+        l2_clip_norm: C > 0, the bound on one client's whole update (L2 over all arrays).
+        noise_multiplier: z > 0; the sum gets N(0, (z C)^2) per coordinate.
+        ledger: a privkit ledger (file-backed: it survives restarts and never resets; its
+            relation must be add-or-remove-one); None: a new in-memory ledger at ``delta``.
+        delta: delta of the reported epsilons (default 1e-5); with ``ledger`` it must be the
+            ledger's.
+        max_epsilon: stop before the round that would take the population's epsilon above
+            this (the ledger's own ``epsilon_budget`` is enforced as well).
+        seed: draw the sampling and the noise from this seed tree (streams
+            ``poisson-clients`` and ``noise`` of the server round) for reproducible
+            experiments only: whoever knows the seed can remove the noise. None (default):
+            privkit's SecureRandom (OS entropy).
+        run_id: recorded with every charge.
+        node_timeout: seconds to wait for ``num_clients`` nodes to connect.
+
+    Raises:
+        InvalidParameterError: a bad argument (named in the message).
+
+    Examples:
+        >>> from flwr.serverapp.strategy import FedAdam
+        >>> dp = ClientLevelDP(FedAdam(), num_clients=100, client_rate=0.1,
+        ...                    l2_clip_norm=1.0, noise_multiplier=1.0, max_epsilon=8.0)
+        >>> dp.mechanism.event().sampling_probability, dp.expected_clients
+        (0.1, 10.0)
+    """
+
+    def __init__(self, strategy: Strategy, *, num_clients: int, client_rate: float,
+                 l2_clip_norm: float, noise_multiplier: float, ledger: Ledger | None = None,
+                 delta: float | None = None, max_epsilon: float | None = None,
+                 seed: int | None = None, run_id: str = "flower",
+                 node_timeout: float = 600.0) -> None:
+        if not isinstance(strategy, Strategy):
+            raise InvalidParameterError("strategy", strategy,
+                                        "a Flower strategy (flwr.serverapp.strategy.Strategy)")
+        if isinstance(strategy, ClientLevelDP):
+            raise InvalidParameterError("strategy", strategy, "a strategy not already wrapped")
+        fraction = getattr(strategy, "fraction_train", 1.0)
+        if fraction != 1.0:
+            raise InvalidParameterError(
+                "strategy", f"fraction_train={fraction!r}",
+                "fraction_train=1.0 (ClientLevelDP samples the clients at client_rate)")
+        if getattr(strategy, "accountant", None) is not None:
+            raise InvalidParameterError("strategy", "a strategy with its own privacy settings",
+                                        "a strategy without privacy (ClientLevelDP charges)")
+        self.strategy = strategy
+        self.num_clients = _validate.positive_int("num_clients", num_clients)
+        self.client_rate = _validate.probability("client_rate", client_rate)
+        self.mechanism = ClientLevelGaussian(
+            _validate.positive("l2_clip_norm", l2_clip_norm),
+            _validate.positive("noise_multiplier", noise_multiplier), self.client_rate)
+        self.max_epsilon = None if max_epsilon is None else _validate.positive(
+            "max_epsilon", max_epsilon)
+        self.seed = None if seed is None else _validate.nonnegative_int("seed", seed)
+        if not (isinstance(run_id, str) and run_id):
+            raise InvalidParameterError("run_id", run_id, "a non-empty string")
+        self.run_id = run_id
+        self.node_timeout = _validate.positive("node_timeout", node_timeout)
+        if ledger is None:
+            d = DEFAULT_DELTA if delta is None else _validate.delta("delta", delta)
+            ledger = Ledger.create(None, population_id=f"flower-client-level|{run_id}",
+                                   delta=d)
+        elif not isinstance(ledger, Ledger):
+            raise InvalidParameterError("ledger", ledger, "a privkit Ledger")
+        elif delta is not None and _validate.delta("delta", delta) != ledger.delta:
+            raise InvalidParameterError("delta", delta, f"the ledger's delta {ledger.delta:g}")
+        if ledger.neighboring_relation != self.mechanism.neighboring_relation:
+            raise InvalidParameterError(
+                "ledger", ledger.neighboring_relation.name,
+                "a ledger for ADD_OR_REMOVE_ONE (client-level DP adds or removes a client)")
+        self.ledger = ledger
+        self.stopped: str | None = None  # why training stopped (privacy budget)
+        self._round: _Round | None = None
+        self._skipped: int | None = None  # a round the inner strategy sent nothing in
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def expected_clients(self) -> float:
+        """q N, the fixed number the noisy sum is divided by."""
+        return self.client_rate * self.num_clients
+
+    @property
+    def event(self) -> Any:
+        """The event charged per training round."""
+        return self.mechanism.event()
+
+    def epsilon(self) -> float:
+        """The population's epsilon so far, at the ledger's delta."""
+        return float(self.ledger.epsilons([POPULATION])[POPULATION])
+
+    def _epsilon_after(self, event: Any) -> float:
+        """The population's epsilon if ``event`` were charged once more (nothing changes)."""
+        atoms = [privkit.SelfComposedDpEvent(a, n)
+                 for a, n in self.ledger.composition(POPULATION).atoms]
+        return float(privkit.epsilon(privkit.ComposedDpEvent(atoms + [event]),
+                                     self.ledger.delta, self.ledger.method,
+                                     neighboring_relation=self.ledger.neighboring_relation))
+
+    def _metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "privkit-epsilon": self.epsilon(), "privkit-delta": float(self.ledger.delta),
+            "privkit-noise-multiplier": float(self.mechanism.noise_multiplier),
+            "privkit-l2-clip-norm": float(self.mechanism.l2_clip_norm),
+            "privkit-client-rate": self.client_rate}
+        if self.stopped is not None:
+            out["privkit-budget-stopped"] = 1
+        return out
+
+    def _rng(self, server_round: int, stream: str) -> Any:
+        if self.seed is None:
+            return SecureRandom()
+        return SeedTree(self.seed).numpy(server_round, stream)
+
+    def _nodes(self, grid: Grid) -> list[int]:
+        deadline = time.monotonic() + self.node_timeout
+        while len(nodes := sorted(grid.get_node_ids())) < self.num_clients:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(nodes)} of num_clients={self.num_clients} nodes "
+                                   f"connected within {self.node_timeout:g} s")
+            log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), self.num_clients)
+            time.sleep(1.0)
+        if len(nodes) > self.num_clients:
+            log(WARNING, "%d nodes connected, num_clients is %d: sampling from all of them, "
+                "the mean still divides by q * num_clients", len(nodes), self.num_clients)
+        return nodes
+
+    def _stop(self, server_round: int, why: str) -> None:
+        self.stopped = f"stopped before server round {server_round}: {why}"
+        log(WARNING, "%s", self.stopped)
+
+    # -- train ---------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Check the budget, let the inner strategy configure, sample, charge, send."""
+        self._round, self._skipped = None, None
+        if self.stopped is not None:
+            return []
+        event = self.event
+        over = bool(self.ledger.would_exceed([POPULATION], event)[0])
+        eps_next = self._epsilon_after(event) if self.max_epsilon is not None else None
+        if over or (eps_next is not None and eps_next > self.max_epsilon):  # type: ignore[operator]
+            limit = (f"max_epsilon={self.max_epsilon:g}" if not over
+                     else f"the ledger's epsilon_budget={self.ledger.epsilon_budget:g}")
+            self._stop(server_round, f"one more round would exceed {limit} at delta "
+                       f"{self.ledger.delta:g} (epsilon now {self.epsilon():.6g})")
+            return []
+        nodes = self._nodes(grid)
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        if not messages:  # the inner strategy trains nobody: post-processing, free
+            self._skipped = server_round
+            return []
+        by_node: dict[int, Message] = {}
+        for m in messages:
+            nid = m.metadata.dst_node_id
+            if nid in by_node:
+                raise RuntimeError(f"the inner strategy sent node {nid} two train messages")
+            by_node[nid] = m
+        missing = sorted(set(nodes) - set(by_node))
+        if missing:
+            raise RuntimeError(
+                f"the inner strategy sent no train message to {len(missing)} of {len(nodes)} "
+                "nodes: it must address every node (fraction_train=1.0; ClientLevelDP samples)")
+        rng = self._rng(server_round, "poisson-clients")
+        u = np.asarray(rng.uniform(len(nodes)) if self.seed is None else rng.random(len(nodes)))
+        sampled = [nid for nid, x in zip(nodes, u) if x < self.client_rate]
+        try:  # write-ahead: the ledger knows before any node does
+            self.ledger.spend([POPULATION], event, label="client-level DP-FedAvg sum",
+                              round=int(server_round), run_id=self.run_id)
+        except BudgetExceededError as exc:
+            self._stop(server_round, str(exc))
+            return []
+        self._round = _Round(server_round, arrays, frozenset(sampled), messages[0])
+        log(INFO, "ClientLevelDP: round %d, %d of %d nodes sampled (q=%g), epsilon %.4g at "
+            "delta %g", server_round, len(sampled), len(nodes), self.client_rate,
+            self.epsilon(), self.ledger.delta)
+        return [by_node[nid] for nid in sampled]
+
+    def _updates(self, replies: list[Message], sent: _Round) -> dict[str, np.ndarray]:
+        """Each usable reply's update (float64) stacked on a leading client axis."""
+        glob = keys.from_record(sent.arrays)
+        name = getattr(self.strategy, "arrayrecord_key", keys.ARRAYS)
+        rows: list[dict[str, np.ndarray]] = []
+        seen: set[int] = set()
+        for msg in replies:
+            src = msg.metadata.src_node_id
+            if msg.has_error():
+                log(INFO, "ClientLevelDP: node %d replied with an error: %s", src,
+                    msg.error.reason)
+                continue
+            if src not in sent.sampled or src in seen:
+                log(WARNING, "ClientLevelDP: ignoring a reply from node %d (not sampled, or "
+                    "a second reply)", src)
+                continue
+            seen.add(src)
+            records = msg.content.array_records
+            record = records.get(name) if name in records else (
+                next(iter(records.values())) if len(records) == 1 else None)
+            try:
+                if record is None:
+                    raise InvalidParameterError("arrays", list(records),
+                                                f"one ArrayRecord ({name!r})")
+                got = keys.from_record(record)
+            except InvalidParameterError as exc:
+                log(WARNING, "ClientLevelDP: node %d's reply counts as zero: %s", src, exc)
+                continue
+            if list(got) != list(glob) or any(got[k].shape != glob[k].shape for k in glob):
+                log(WARNING, "ClientLevelDP: node %d's arrays differ from the global model's; "
+                    "its update counts as zero", src)
+                continue
+            row = {k: got[k].astype(np.float64) - glob[k].astype(np.float64) for k in glob}
+            if not all(np.isfinite(v).all() for v in row.values()):
+                log(WARNING, "ClientLevelDP: node %d's update is not finite; it counts as "
+                    "zero", src)
+                continue
+            rows.append(row)
+        return {k: (np.stack([r[k] for r in rows]) if rows
+                    else np.zeros((0,) + v.shape, np.float64)) for k, v in glob.items()}
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Clip, sum, noise once, divide by q N; the inner strategy aggregates the result."""
+        replies = list(replies)
+        sent = self._round if self._round is not None and \
+            self._round.server_round == server_round else None
+        if sent is None:
+            if self._skipped == server_round:  # the inner strategy's own server-only step
+                arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+                return arrays, MetricRecord(dict(metrics or {}) | self._metrics())
+            return None, MetricRecord(self._metrics())
+        updates = self._updates(replies, sent)
+        noisy = self.mechanism(updates, rng=self._rng(server_round, "noise"))
+        mean = ClientLevelGaussian.mean(noisy, self.expected_clients)
+        glob = keys.from_record(sent.arrays)
+        new = {k: (v.astype(np.float64) + mean[k]).astype(v.dtype) for k, v in glob.items()}
+        weight_key = getattr(self.strategy, "weighted_by_key", keys.NUM_EXAMPLES)
+        content = RecordDict({getattr(self.strategy, "arrayrecord_key", keys.ARRAYS):
+                              keys.to_record(new),
+                              keys.METRICS: MetricRecord({weight_key: 1})})
+        synthetic = Message(content, reply_to=sent.template)
+        arrays, metrics = self.strategy.aggregate_train(server_round, [synthetic])
+        return arrays, MetricRecord(dict(metrics or {}) | self._metrics())
+
+    # -- evaluate (not private: passed through) ---------------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """The inner strategy's evaluation (its metrics are not covered by the guarantee)."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """The inner strategy's aggregation of evaluation replies."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        """Log the DP settings, then the inner strategy's."""
+        m = self.mechanism
+        log(INFO, "\t├──> privkit client-level DP: q=%g of N=%d (expected %.4g), C=%g, z=%g, "
+            "noise stddev of the mean %.4g, delta %g, max_epsilon %s, noise %s",
+            self.client_rate, self.num_clients, self.expected_clients, m.l2_clip_norm,
+            m.noise_multiplier, m.stddev / self.expected_clients, self.ledger.delta,
+            "none" if self.max_epsilon is None else f"{self.max_epsilon:g}",
+            "SecureRandom" if self.seed is None else f"seed {self.seed} (NOT secure)")
+        log(INFO, "\t│\t└── assumes: %s", TRUST_ASSUMPTION)
+        self.strategy.summary()
+
+    def __repr__(self) -> str:
+        m = self.mechanism
+        return (f"ClientLevelDP({type(self.strategy).__name__}, num_clients={self.num_clients},"
+                f" client_rate={self.client_rate:g}, l2_clip_norm={m.l2_clip_norm:g}, "
+                f"noise_multiplier={m.noise_multiplier:g})")

@@ -1,0 +1,312 @@
+"""ClientLevelDP: privkit's client-level DP-FedAvg around stock Flower strategies.
+
+Most tests drive ``Strategy.start`` with an in-process grid (a function per node, no Ray), so
+they take a fraction of a second; one module fixture runs the wrapper around stock ``FedAvg``
+in Flower's ``run_simulation`` (Ray, about 20 s on two busy cores).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+EXTRA = "install the flower extra: pip install 'privkit[flower]'"
+pytest.importorskip("flwr", reason=f"Flower is not installed; {EXTRA}")
+
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx  # noqa: E402
+
+import privkit  # noqa: E402
+from fl_examples.flower import ClientLevelDP  # noqa: E402
+from fl_examples.flower.central import POPULATION  # noqa: E402
+from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.ledger import Ledger  # noqa: E402
+
+D = 20_000  # coordinates of the test model: the noise's stddev is estimated to ~0.5%
+
+
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch):
+    """Flower's messages read the run id of the current task; outside a run there is none."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+class LocalGrid:
+    """A Grid of ``n`` nodes answered in-process by ``client(node_index, message)``."""
+
+    def __init__(self, n, client):
+        self.ids, self.client, self.sent = [1000 + 7 * i for i in range(n)], client, []
+
+    def get_node_ids(self):
+        return list(self.ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.sent.append([m.metadata.dst_node_id for m in messages])
+        return [self.client(self.ids.index(m.metadata.dst_node_id), m) for m in messages]
+
+    @property
+    def train(self):
+        """The nodes sent train messages, per round (``start`` sends train, then evaluate)."""
+        return self.sent[0::2]
+
+
+def replying(update_of):
+    """A client returning the global model plus ``update_of(node_index, shape)``."""
+    def client(i, msg):
+        w = msg.content["arrays"]["w"].numpy()
+        out = ArrayRecord({"w": Array((w + update_of(i, w.shape)).astype(np.float32))})
+        return Message(RecordDict({"arrays": out, "metrics": MetricRecord(
+            {"num-examples": 10, "train-loss": 0.5})}), reply_to=msg)
+    return client
+
+
+def zeros(i, shape):
+    return np.zeros(shape)
+
+
+def start(dp, grid, rounds, w0=None):
+    """Run ``rounds`` rounds; returns (result, the global model after each round)."""
+    models = {}
+
+    def record(r, arrays):
+        models[r] = arrays["w"].numpy().astype(np.float64)
+        return None
+
+    w0 = np.zeros(D, np.float32) if w0 is None else w0
+    result = dp.start(grid, ArrayRecord({"w": Array(w0)}), num_rounds=rounds,
+                      evaluate_fn=record)
+    return result, models
+
+
+def composed(q, z, rounds):
+    return privkit.SelfComposedDpEvent(
+        privkit.PoissonSampledDpEvent(q, privkit.GaussianDpEvent(z)), rounds)
+
+
+def test_noise_of_the_mean_is_z_c_over_q_n():
+    q, n, c, z = 0.5, 4, 1.0, 2.0
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=n, client_rate=q,
+                       l2_clip_norm=c, noise_multiplier=z)
+    grid = LocalGrid(n, replying(zeros))
+    _, models = start(dp, grid, 3)
+    want = z * c / (q * n)  # 1.0
+    for r in (1, 2, 3):
+        step = models[r] - models[r - 1]
+        assert abs(step.mean()) < 5 * want / math.sqrt(D)
+        assert step.std() == pytest.approx(want, rel=0.03)
+    # the rounds are independent draws
+    assert abs(np.corrcoef(models[1] - models[0], models[2] - models[1])[0, 1]) < 0.05
+
+
+def test_update_is_clipped_to_c_before_the_sum():
+    c = 0.5
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=2, client_rate=1.0,
+                       l2_clip_norm=c, noise_multiplier=1e-9, seed=0)
+    _, models = start(dp, LocalGrid(2, replying(lambda i, s: np.full(s, 1e6))), 1)
+    step = models[1] - models[0]
+    # two clients, each clipped to C in the same direction, divided by q N = 2: norm C
+    assert np.linalg.norm(step) == pytest.approx(c, rel=1e-5)
+    np.testing.assert_allclose(step, c / math.sqrt(D), rtol=1e-4)
+
+
+def test_bad_replies_count_as_zero():
+    def client(i, msg):
+        if i == 0:  # a non-finite update
+            return replying(lambda j, s: np.full(s, np.nan))(i, msg)
+        if i == 1:  # another model
+            arrays = ArrayRecord({"v": Array(np.zeros(3, np.float32))})
+            return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(
+                {"num-examples": 1})}), reply_to=msg)
+        return replying(lambda j, s: np.full(s, 0.1 / math.sqrt(D)))(i, msg)  # norm 0.1
+
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=3, client_rate=1.0,
+                       l2_clip_norm=1.0, noise_multiplier=1e-9, seed=1)
+    _, models = start(dp, LocalGrid(3, client), 1)
+    assert np.linalg.norm(models[1] - models[0]) == pytest.approx(0.1 / 3, rel=1e-4)
+
+
+def test_ledger_epsilon_is_privkit_epsilon_of_the_composed_events(tmp_path):
+    q, z, rounds = 0.3, 1.1, 4
+    ledger = Ledger.create(tmp_path / "ledger.jsonl", population_id="t", delta=1e-5)
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=5, client_rate=q,
+                       l2_clip_norm=1.0, noise_multiplier=z, ledger=ledger)
+    result, _ = start(dp, LocalGrid(5, replying(zeros)), rounds)
+    for r in range(1, rounds + 1):
+        want = float(privkit.epsilon(composed(q, z, r), 1e-5))
+        assert result.train_metrics_clientapp[r]["privkit-epsilon"] == pytest.approx(
+            want, rel=1e-9)
+        assert result.train_metrics_clientapp[r]["privkit-delta"] == 1e-5
+    replay = Ledger.open(tmp_path / "ledger.jsonl")
+    assert [n for _, n in replay.composition(POPULATION).atoms] == [rounds]
+    assert replay.epsilons([POPULATION])[POPULATION] == pytest.approx(
+        float(privkit.epsilon(composed(q, z, rounds), 1e-5)), rel=1e-9)
+    assert 0 < dp.epsilon() < float(privkit.epsilon(
+        privkit.SelfComposedDpEvent(privkit.GaussianDpEvent(z), rounds), 1e-5))  # amplified
+
+
+def test_max_epsilon_stops_before_the_round_that_would_exceed_it():
+    q, z = 0.5, 1.0
+    e2, e3 = (float(privkit.epsilon(composed(q, z, r), 1e-5)) for r in (2, 3))
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=4, client_rate=q,
+                       l2_clip_norm=1.0, noise_multiplier=z, max_epsilon=(e2 + e3) / 2)
+    grid = LocalGrid(4, replying(zeros))
+    result, models = start(dp, grid, 4)
+    metrics = result.train_metrics_clientapp
+    assert [n for _, n in dp.ledger.composition(POPULATION).atoms] == [2]
+    assert grid.train[2:] == [[], []]  # rounds 3 and 4 sent nothing
+    assert metrics[2]["privkit-epsilon"] == pytest.approx(e2, rel=1e-9) and \
+        "privkit-budget-stopped" not in metrics[2]
+    assert metrics[3]["privkit-budget-stopped"] == 1 == metrics[4]["privkit-budget-stopped"]
+    assert metrics[4]["privkit-epsilon"] == metrics[2]["privkit-epsilon"] <= dp.max_epsilon
+    assert np.array_equal(models[4], models[2]) and "round 3" in dp.stopped
+
+
+def test_a_ledger_budget_stops_too():
+    ledger = Ledger.create(None, population_id="t", delta=1e-5, epsilon_budget=float(
+        privkit.epsilon(composed(0.5, 1.0, 1), 1e-5)) * 1.01)
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=2, client_rate=0.5,
+                       l2_clip_norm=1.0, noise_multiplier=1.0, ledger=ledger)
+    result, _ = start(dp, LocalGrid(2, replying(zeros)), 2, np.zeros(4, np.float32))
+    assert result.train_metrics_clientapp[2]["privkit-budget-stopped"] == 1
+    assert "epsilon_budget" in dp.stopped
+
+
+def test_noise_is_drawn_when_nobody_is_sampled():
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=2, client_rate=1e-3,
+                       l2_clip_norm=1.0, noise_multiplier=1.0, seed=5)
+    grid = LocalGrid(2, replying(zeros))
+    _, models = start(dp, grid, 2, np.zeros(100, np.float32))
+    assert grid.train == [[], []]  # Poisson sampling at q = 0.001: nobody, this seed
+    for r in (1, 2):  # yet each round was released (noise / (q N)) and charged
+        assert np.std(models[r] - models[r - 1]) == pytest.approx(500, rel=0.3)
+    assert [n for _, n in dp.ledger.composition(POPULATION).atoms] == [2]
+
+
+def test_server_optimiser_of_fedadam_sees_the_private_mean():
+    # q = 1, updates inside the clip ball, noise ~ 0: the private mean is the plain mean, so
+    # FedAdam behind ClientLevelDP takes FedAdam's own steps.
+    def upd(i, s):
+        return np.linspace(-1, 1, s[0]) * 1e-3 * (i + 1)
+
+    kw = dict(fraction_evaluate=0.0, eta=0.05, min_available_nodes=2, min_train_nodes=2)
+    w0 = np.linspace(0, 1, 50).astype(np.float32)
+    plain, want = start(FedAdam(**kw), LocalGrid(2, replying(upd)), 3, w0)
+    dp = ClientLevelDP(FedAdam(**kw), num_clients=2, client_rate=1.0, l2_clip_norm=1.0,
+                       noise_multiplier=1e-9, seed=0)
+    _, got = start(dp, LocalGrid(2, replying(upd)), 3, w0)
+    assert np.abs(want[3] - want[0]).max() > 0.01  # Adam moved the model (FedAvg: 0.0045)
+    np.testing.assert_allclose(got[3], want[3], atol=1e-5)
+
+
+def test_fedprox_config_reaches_the_sampled_nodes():
+    seen = []
+
+    def client(i, msg):
+        seen.append(msg.content["config"]["proximal-mu"])
+        return replying(zeros)(i, msg)
+
+    dp = ClientLevelDP(FedProx(proximal_mu=0.3, fraction_evaluate=0.0), num_clients=3,
+                       client_rate=1.0, l2_clip_norm=1.0, noise_multiplier=1.0)
+    start(dp, LocalGrid(3, client), 1, np.zeros(4, np.float32))
+    assert seen == [0.3, 0.3, 0.3]
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"client_rate": 0.0}, "client_rate"), ({"client_rate": 1.5}, "client_rate"),
+    ({"client_rate": float("nan")}, "client_rate"),
+    ({"l2_clip_norm": 0.0}, "l2_clip_norm"), ({"l2_clip_norm": -1.0}, "l2_clip_norm"),
+    ({"l2_clip_norm": float("nan")}, "l2_clip_norm"),
+    ({"noise_multiplier": 0.0}, "noise_multiplier"),
+    ({"noise_multiplier": float("nan")}, "noise_multiplier"),
+    ({"noise_multiplier": float("inf")}, "noise_multiplier"),
+    ({"num_clients": 0}, "num_clients"), ({"max_epsilon": float("nan")}, "max_epsilon"),
+    ({"max_epsilon": 0.0}, "max_epsilon"), ({"delta": 1.0}, "delta"), ({"seed": -1}, "seed"),
+    ({"ledger": "ledger.jsonl"}, "ledger"),
+    ({"strategy": FedAvg(fraction_train=0.5)}, "strategy"), ({"strategy": object()}, "strategy"),
+])
+def test_bad_arguments_name_the_argument(kw, name):
+    args = dict(strategy=FedAvg(), num_clients=3, client_rate=0.5, l2_clip_norm=1.0,
+                noise_multiplier=1.0) | kw
+    strategy = args.pop("strategy")
+    with pytest.raises(InvalidParameterError, match=name):
+        ClientLevelDP(strategy, **args)
+
+
+def test_ledger_delta_must_agree():
+    ledger = Ledger.create(None, population_id="t", delta=1e-6)
+    with pytest.raises(InvalidParameterError, match="delta"):
+        ClientLevelDP(FedAvg(), num_clients=3, client_rate=0.5, l2_clip_norm=1.0,
+                      noise_multiplier=1.0, ledger=ledger, delta=1e-5)
+    dp = ClientLevelDP(FedAvg(), num_clients=3, client_rate=0.5, l2_clip_norm=1.0,
+                       noise_multiplier=1.0, ledger=ledger)
+    assert dp.ledger.delta == 1e-6
+    with pytest.raises(InvalidParameterError, match="ledger"):
+        ClientLevelDP(FedAvg(), num_clients=3, client_rate=0.5, l2_clip_norm=1.0,
+                      noise_multiplier=1.0, ledger=Ledger.create(
+                          None, population_id="t", delta=1e-5,
+                          neighboring_relation="REPLACE_ONE"))
+
+
+# --------------------------------------------------------------------------- run_simulation
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    """Stock FedAvg behind ClientLevelDP in Flower's simulation engine (3 nodes, 3 rounds,
+    max_epsilon between the second and the third round's epsilon), zero updates."""
+    pytest.importorskip("ray", reason=f"Flower's simulation engine needs Ray; {EXTRA}")
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    q, n, c, z = 2 / 3, 3, 1.0, 0.8
+    e2, e3 = (float(privkit.epsilon(composed(q, z, r), 1e-5)) for r in (2, 3))
+    out = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid, context):
+        dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0, min_available_nodes=n),
+                           num_clients=n, client_rate=q, l2_clip_norm=c, noise_multiplier=z,
+                           max_epsilon=(e2 + e3) / 2)
+        models = {}
+
+        def record(r, arrays):
+            models[r] = arrays["w"].numpy().astype(np.float64)
+
+        result = dp.start(grid, ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
+                          num_rounds=3, timeout=120, evaluate_fn=record)
+        out.update(result=result, models=models, dp=dp)
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg, context):
+        return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord(
+            {"num-examples": 10})}), reply_to=msg)
+
+    run_simulation(server, client, num_supernodes=n,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    assert out, "the ServerApp failed (see the log above)"
+    return out | {"q": q, "n": n, "c": c, "z": z, "eps": (e2, e3)}
+
+
+def test_simulation_adds_the_noise_and_stops(simulated):
+    s = simulated
+    models, metrics = s["models"], s["result"].train_metrics_clientapp
+    want = s["z"] * s["c"] / (s["q"] * s["n"])
+    for r in (1, 2):
+        assert np.std(models[r] - models[r - 1]) == pytest.approx(want, rel=0.03)
+    assert np.array_equal(models[3], models[2])  # round 3 would exceed max_epsilon
+    assert metrics[2]["privkit-epsilon"] == pytest.approx(s["eps"][0], rel=1e-9)
+    assert metrics[3]["privkit-budget-stopped"] == 1
+    assert [k for _, k in s["dp"].ledger.composition(POPULATION).atoms] == [2]

@@ -1,10 +1,30 @@
 """Client mods: privkit's output and objective perturbation around any Flower ClientApp.
 
-Both mods act on train messages only and fail closed: a train message without the strategy's
-privacy settings, or of another kind than the mod's, gets an error reply and the client's model
-never leaves. The mechanism is rebuilt from the message (:func:`mechanism_from_config`), so the
-client applies exactly what the server's ledger charged, and the reply echoes the mechanism's
-parameter (noise multiplier, or the step epsilon) for the server to check.
+The mods act on train messages only and fail closed: without privacy settings, or with
+settings of another kind than the mod's, a train message gets an error reply (one line naming
+what is missing) and the client's model never leaves.
+
+Where the settings come from:
+
+- **Any strategy** (stock Flower ``FedAvg``, ``FedProx``, ...): give them to the mod,
+  ``OutputPerturbationMod(l2_clip_norm=10.0, noise_multiplier=0.5)``,
+  ``ObjectivePerturbationMod(alpha=20.0, client_size=600, proximal_mu=1.0)``,
+  ``RecMod(l2_clip_norm=1.0, stddev=0.5, bits=8)`` (or ``settings=PrivacySettings(...)``).
+  Nothing is charged on a ledger then: the stock strategy keeps none (price the releases with
+  :func:`privkit.epsilon` of the mechanism's event, or use privkit's strategy).
+- **privkit's strategies** send them in every train message (``privkit-privacy-<field>``
+  entries, :meth:`PrivacySettings.to_config`): build the mod without settings. A mod with its
+  own settings refuses a message whose settings differ.
+- The solver settings a mechanism needs (|D_i| for ``paper`` and ``strongly-convex``
+  sensitivity and for objective perturbation, ...; see
+  :func:`~fl_examples.flower.privacy.needed_solver_settings`) come from the mod's
+  constructor (``client_size``, ``proximal_mu``, ``batch_size``, ``momentum``), else from
+  the train config keys ``privkit-client-size``, ``proximal-mu``, ``batch-size``,
+  ``momentum``. Output perturbation with the default ``replace-one`` sensitivity and DP-REC
+  need none.
+
+The reply echoes the mechanism's parameter (noise multiplier, or the step epsilon) for
+privkit's strategy to check against what its ledger charged.
 
 Noise comes from an explicit generator, never a global one: by default privkit's
 :class:`~privkit.SecureRandom` (OS entropy, nothing to seed); ``noise_seed`` gives the stream
@@ -18,6 +38,7 @@ and never divides by its norm.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -26,10 +47,15 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fl_examples.core.seeds import SeedTree
 from fl_examples.flower import records as keys
-from fl_examples.flower.privacy import PrivacySettings, mechanism_from_config
+from fl_examples.flower.privacy import (
+    MissingSettingError,
+    PrivacySettings,
+    mechanism_from_config,
+    settings_for,
+)
 from privkit import _validate
 from privkit._rng import SecureRandom
-from privkit.errors import PrivkitError
+from privkit.errors import InvalidParameterError, PrivkitError
 
 __all__ = ["OutputPerturbationMod", "ObjectivePerturbationMod", "RecMod", "MOD_FAILED"]
 
@@ -46,13 +72,75 @@ def _is_train(msg: Message) -> bool:
 
 
 class _PrivacyMod:
-    """Shared plumbing: which kind, the noise generator, reading the message."""
+    """Shared plumbing: the mod's own settings, the noise generator, reading the message.
+
+    Args:
+        settings: the mechanism (a :class:`PrivacySettings` of this mod's kind), or give its
+            fields as keywords instead (``l2_clip_norm``, ``stddev``, ``sensitivity``, ...;
+            ``noise_multiplier`` for output perturbation with ``replace-one`` sensitivity,
+            stddev = z * 2 tau, and for DP-REC, stddev = z C). None and no keywords: the
+            settings come from each train message (``privkit-privacy-*``, sent by privkit's
+            strategies).
+        noise_seed: reproducible noise (experiments only), see the module docstring.
+        client_size, proximal_mu, batch_size, momentum: the solver settings some mechanisms
+            need (``needed_solver_settings``); each falls back to its train config key
+            (``privkit-client-size``, ``proximal-mu``, ``batch-size``, ``momentum``).
+    """
 
     kind = ""
+    #: The fields a mod built from keywords must be given (no silent defaults).
+    required: tuple[str, ...] = ()
 
-    def __init__(self, *, noise_seed: int | None = None) -> None:
+    def __init__(self, settings: PrivacySettings | None = None, *, noise_seed: int | None = None,
+                 client_size: int | None = None, proximal_mu: float | None = None,
+                 batch_size: int | None = None, momentum: float | None = None,
+                 **fields: Any) -> None:
         self.noise_seed = None if noise_seed is None else _validate.nonnegative_int(
             "noise_seed", noise_seed)
+        if settings is not None and fields:
+            raise InvalidParameterError("settings", settings,
+                                        "given alone, or its fields as keywords, not both")
+        if fields:
+            settings = self._from_fields(dict(fields))
+        if settings is not None:
+            if not isinstance(settings, PrivacySettings):
+                raise InvalidParameterError("settings", settings, "a PrivacySettings")
+            if settings.kind != self.kind:
+                raise InvalidParameterError("settings", settings.kind,
+                                            f"{self.kind} (this is {self.name})")
+        self.settings = settings
+        self.solver = {"client_size": None if client_size is None else
+                       _validate.positive_int("client_size", client_size),
+                       "proximal_mu": None if proximal_mu is None else
+                       _validate.nonnegative("proximal_mu", proximal_mu),
+                       "batch_size": None if batch_size is None else
+                       _validate.positive_int("batch_size", batch_size),
+                       "momentum": None if momentum is None else
+                       _validate.real("momentum", momentum)}
+
+    def _from_fields(self, fields: dict[str, Any]) -> PrivacySettings:
+        z = fields.pop("noise_multiplier", None)
+        if z is not None:
+            if "stddev" in fields:
+                raise InvalidParameterError("noise_multiplier", z, "given without stddev")
+            if self.kind not in ("output", "rec") or fields.get(
+                    "sensitivity", "replace-one") != "replace-one":
+                raise InvalidParameterError("noise_multiplier", z, "used with output "
+                                            "perturbation (replace-one sensitivity) or DP-REC; "
+                                            "give stddev")
+            tau = _validate.positive("l2_clip_norm", fields.get("l2_clip_norm", float("nan")))
+            fields["stddev"] = _validate.positive("noise_multiplier", z) * (
+                2.0 * tau if self.kind == "output" else tau)
+        for name in self.required:
+            if name not in fields:
+                raise MissingSettingError(name, f"{self.name} built from keywords needs "
+                                          f"{name}=...")
+        names = {f.name for f in dataclasses.fields(PrivacySettings)} - {"kind"}
+        unknown = sorted(set(fields) - names)
+        if unknown:
+            raise InvalidParameterError(unknown[0], fields[unknown[0]],
+                                        f"a PrivacySettings field ({', '.join(sorted(names))})")
+        return PrivacySettings(self.kind, **fields)
 
     @property
     def name(self) -> str:
@@ -62,17 +150,24 @@ class _PrivacyMod:
         """The noise generator of this client and round."""
         if self.noise_seed is None:
             return SecureRandom()
-        if keys.CLIENT not in config:
-            raise PrivkitError(f"noise_seed needs the client id ({keys.CLIENT}) in the config")
+        for key in (keys.CLIENT, keys.SERVER_ROUND):
+            if key not in config:
+                raise MissingSettingError(key, f"noise_seed needs the train config key {key!r}")
         client = int(config[keys.CLIENT])
         return SeedTree(self.noise_seed).numpy(int(config[keys.SERVER_ROUND]), f"noise/{client}")
 
+    def config(self, msg: Message) -> Any:
+        """The train message's single ConfigRecord (an empty one if it has none)."""
+        records = msg.content.config_records
+        if len(records) > 1:
+            raise PrivkitError("the train message must carry at most one ConfigRecord")
+        return next(iter(records.values())) if records else {}
+
     def mechanism(self, msg: Message) -> tuple[Any, Any, Any]:
         """(config, settings, mechanism) of a train message; raises PrivkitError if unusable."""
-        if len(msg.content.config_records) != 1:
-            raise PrivkitError("the train message must carry exactly one ConfigRecord")
-        config = next(iter(msg.content.config_records.values()))
-        settings, mech = mechanism_from_config(config)
+        config = self.config(msg)
+        settings, mech = mechanism_from_config(config, settings=self.settings,
+                                               solver=self.solver)
         if settings.kind != self.kind:
             raise PrivkitError(f"the strategy asks for {settings.kind} perturbation, this "
                                f"client is set up for {self.kind} perturbation")
@@ -87,18 +182,21 @@ class OutputPerturbationMod(_PrivacyMod):
     array of the reply's single ArrayRecord. The reply's metrics gain ``privkit-noise-multiplier``.
 
     Examples:
-        ``ClientApp(mods=[OutputPerturbationMod()])`` with a strategy given
-        ``privacy=PrivacySettings("output", l2_clip_norm=10, stddev=0.8)``.
+        With any strategy (stock ``FedAvg``): ``ClientApp(mods=[OutputPerturbationMod(
+        l2_clip_norm=10.0, noise_multiplier=0.5)])``. With privkit's strategy given
+        ``privacy=PrivacySettings("output", l2_clip_norm=10, stddev=0.8)`` (which also charges
+        its ledger): ``OutputPerturbationMod()`` reads the settings from each train message.
     """
 
     kind = "output"
+    required = ("l2_clip_norm", "stddev")
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if not _is_train(msg):
             return call_next(msg, context)
         try:
             config, settings, mech = self.mechanism(msg)
-            sent = keys.from_record(msg.content.array_records[keys.ARRAYS])
+            sent = _sent_arrays(msg)
         except (PrivkitError, KeyError, TypeError, ValueError) as exc:
             return _error(msg, self.name, str(exc))
         reply = call_next(msg, context)
@@ -131,13 +229,14 @@ class ObjectivePerturbationMod(_PrivacyMod):
     """
 
     kind = "objective"
+    required = ("alpha",)
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if not _is_train(msg):
             return call_next(msg, context)
         try:
             config, _, mech = self.mechanism(msg)
-            like = keys.from_record(msg.content.array_records[keys.ARRAYS])
+            like = _sent_arrays(msg)
             term = mech.linear_term(like, rng=self.rng(config, context))
         except (PrivkitError, KeyError, TypeError, ValueError) as exc:
             return _error(msg, self.name, str(exc))
@@ -167,6 +266,7 @@ class RecMod(_PrivacyMod):
     """
 
     kind = "rec"
+    required = ("l2_clip_norm", "stddev")
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         from privkit.mechanisms.rec import encode
@@ -174,15 +274,12 @@ class RecMod(_PrivacyMod):
         if not _is_train(msg):
             return call_next(msg, context)
         try:
-            if len(msg.content.config_records) != 1:
-                raise PrivkitError("the train message must carry exactly one ConfigRecord")
-            config = next(iter(msg.content.config_records.values()))
-            settings = PrivacySettings.from_config(config)
-            if settings is None or settings.kind != self.kind:
-                got = "no privacy settings" if settings is None else settings.kind
-                raise PrivkitError(f"the strategy sent {got}; this client sends its update only "
-                                   "through DP-REC (privacy kind rec)")
-            sent = keys.from_record(msg.content.array_records[keys.ARRAYS])
+            config = self.config(msg)
+            settings = settings_for(config, self.settings)
+            if settings.kind != self.kind:
+                raise PrivkitError(f"the strategy sent {settings.kind}; this client sends its "
+                                   "update only through DP-REC (privacy kind rec)")
+            sent = _sent_arrays(msg)
         except (PrivkitError, KeyError, TypeError, ValueError) as exc:
             return _error(msg, self.name, str(exc))
         reply = call_next(msg, context)
@@ -202,6 +299,15 @@ class RecMod(_PrivacyMod):
         reply.content[name] = ArrayRecord({keys.REC_MESSAGE: Array(payload)})
         _echo(reply, keys.UPLINK_BITS, float(message.size_bits()))
         return reply
+
+
+def _sent_arrays(msg: Message) -> dict[str, np.ndarray]:
+    """The global model of a train message: its single ArrayRecord (any name)."""
+    records = msg.content.array_records
+    if len(records) != 1:
+        raise PrivkitError(f"the train message must carry exactly one ArrayRecord (the model), "
+                           f"it has {len(records)}")
+    return keys.from_record(next(iter(records.values())))
 
 
 def _trained_like(reply: Message, sent: dict[str, np.ndarray]

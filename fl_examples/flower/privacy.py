@@ -22,10 +22,11 @@ from typing import Any
 from fl_examples.core.privacy import SENSITIVITIES, BudgetStop, PrivacyPlan
 from fl_examples.flower import records as keys
 from privkit import _validate
-from privkit.errors import InvalidParameterError
+from privkit.errors import InvalidParameterError, PrivkitError
 from privkit.ledger import Ledger
 
-__all__ = ["PrivacySettings", "ServerAccountant", "mechanism_from_config", "rec_num_groups",
+__all__ = ["PrivacySettings", "ServerAccountant", "mechanism_from_config", "settings_for",
+           "needed_solver_settings", "MissingSettingError", "SOLVER_KEYS", "rec_num_groups",
            "CLIP_TARGETS", "PRIVACY_KINDS"]
 
 #: Mechanisms a Flower run can use.
@@ -142,25 +143,92 @@ def rec_num_groups(groups: str, leaf_sizes: Sequence[int]) -> int:
                                 "whole, per-tensor, per-parameter or chunks:N (N >= 1)")
 
 
-def mechanism_from_config(config: Mapping[str, Any]) -> tuple[PrivacySettings, Any]:
-    """(settings, privkit mechanism) that a train message asks its client to apply.
+#: The solver settings a mod may need: its constructor argument -> the train config key.
+SOLVER_KEYS = {"client_size": keys.CLIENT_SIZE, "proximal_mu": keys.PROXIMAL_MU,
+               "batch_size": keys.BATCH_SIZE, "momentum": keys.MOMENTUM}
 
-    The mechanism is built for the client's |D_i| as the server recorded it
-    (``privkit-client-size``), with the round's solver settings.
+
+class MissingSettingError(PrivkitError):
+    """A mod needs a setting that neither its constructor nor the train message gave."""
+
+    def __init__(self, name: str, where: str) -> None:
+        self.name = name
+        super().__init__(f"missing setting {name}: {where}")
+
+
+def needed_solver_settings(settings: PrivacySettings) -> tuple[str, ...]:
+    """The solver settings (keys of :data:`SOLVER_KEYS`) the mechanism of ``settings`` uses.
+
+    Output perturbation with the default ``replace-one`` sensitivity (2 tau) and DP-REC need
+    none; ``paper`` needs |D_i|; ``strongly-convex`` and objective perturbation need more."""
+    if settings.kind == "objective":
+        return ("client_size", "proximal_mu")
+    if settings.kind == "output" and settings.sensitivity == "paper":
+        return ("client_size",)
+    if settings.kind == "output" and settings.sensitivity == "strongly-convex":
+        return ("client_size", "proximal_mu", "batch_size", "momentum")
+    return ()
+
+
+def settings_for(config: Mapping[str, Any], own: PrivacySettings | None
+                 ) -> PrivacySettings:
+    """The settings to apply: the mod's own (``own``), else the train message's
+    ``privkit-privacy-*`` entries; both given must agree.
 
     Raises:
-        InvalidParameterError: the message carries no privacy settings (naming ``config``).
+        MissingSettingError: neither gives settings (names ``privacy``).
+        PrivkitError: the message's settings differ from the mod's (names the field).
     """
-    settings = PrivacySettings.from_config(config)
-    if settings is None:
-        raise InvalidParameterError(
-            "config", "no privkit-privacy-* entries",
-            "the privacy settings of a private strategy (this client releases its model only "
-            "through a privkit mechanism)")
-    plan = settings.plan([int(config[keys.CLIENT_SIZE])],
-                         proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)),
-                         batch_size=int(config[keys.BATCH_SIZE]),
-                         momentum=float(config[keys.MOMENTUM]))
+    sent = PrivacySettings.from_config(config)
+    if own is None:
+        if sent is None:
+            raise MissingSettingError(
+                "privacy", "this client releases its model only through a privkit "
+                "mechanism: give the mod its settings (e.g. OutputPerturbationMod("
+                "l2_clip_norm=..., stddev=...)) or send privkit-privacy-* config entries "
+                "(PrivacySettings.to_config)")
+        return sent
+    if sent is not None and sent != own:
+        diff = next(f.name for f in dataclasses.fields(PrivacySettings)
+                    if getattr(sent, f.name) != getattr(own, f.name))
+        raise PrivkitError(f"the strategy's privacy setting {diff}={getattr(sent, diff)!r} "
+                           f"differs from this mod's {getattr(own, diff)!r}")
+    return own
+
+
+def mechanism_from_config(config: Mapping[str, Any], *, settings: PrivacySettings | None = None,
+                          solver: Mapping[str, Any] | None = None
+                          ) -> tuple[PrivacySettings, Any]:
+    """(settings, privkit mechanism) that a train message asks its client to apply.
+
+    ``settings`` are the mod's own (else the message's, :func:`settings_for`); each solver
+    setting the mechanism needs (:func:`needed_solver_settings`) comes from ``solver`` (the
+    mod's constructor), else from the config key of :data:`SOLVER_KEYS`, e.g. the client's
+    |D_i| as the server recorded it (``privkit-client-size``).
+
+    Raises:
+        MissingSettingError: a needed setting is given nowhere (one line naming it).
+        PrivkitError: the message's and the mod's settings differ.
+    """
+    settings = settings_for(config, settings)
+    solver = dict(solver or {})
+    values: dict[str, Any] = {"client_size": 1, "proximal_mu": 0.0, "batch_size": 32,
+                              "momentum": 0.0}  # unused by the mechanisms that need none
+    for name in needed_solver_settings(settings):
+        key = SOLVER_KEYS[name]
+        if solver.get(name) is not None:
+            values[name] = solver[name]
+        elif key in config:
+            values[name] = config[key]
+        else:
+            what = ("objective perturbation" if settings.kind == "objective" else
+                    f"output perturbation with sensitivity {settings.sensitivity}")
+            raise MissingSettingError(name, f"{what} needs it: pass {name}=... to the mod or "
+                                      f"send the train config key {key!r}")
+    plan = settings.plan([_validate.positive_int("client_size", values["client_size"])],
+                         proximal_mu=_validate.nonnegative("proximal_mu", values["proximal_mu"]),
+                         batch_size=_validate.positive_int("batch_size", values["batch_size"]),
+                         momentum=_validate.real("momentum", values["momentum"]))
     return settings, plan.mechanism(0)
 
 

@@ -1,0 +1,170 @@
+"""privkit's client mods behind stock Flower strategies (FedAvg, FedProx): settings from the
+mod's constructor or documented config keys, and a one-line error naming a missing setting.
+
+In-process (no Ray): ``Strategy.start`` with a grid that answers each message with the mod
+wrapped around a ClientApp function.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="install the flower extra: pip install 'privkit[flower]'")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import FedAvg, FedProx  # noqa: E402
+
+from fl_examples.flower import (  # noqa: E402
+    ObjectivePerturbationMod,
+    OutputPerturbationMod,
+    PrivacySettings,
+    RecMod,
+)
+from fl_examples.flower import records as keys  # noqa: E402
+from fl_examples.flower.privacy import MissingSettingError  # noqa: E402
+from privkit.errors import InvalidParameterError  # noqa: E402
+
+D = 5_000
+
+
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch):
+    """Flower's messages read the run id of the current task; outside a run there is none."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+def trainer(step=0.0, *, linear_term=False):
+    """A ClientApp train function: the model plus ``step`` everywhere."""
+    def app(msg, context):
+        arrays = next(r for k, r in msg.content.array_records.items() if k != keys.LINEAR_TERM)
+        w = arrays["w"].numpy()
+        metrics = {"num-examples": 50}
+        if linear_term:
+            assert keys.LINEAR_TERM in msg.content.array_records
+            metrics[keys.LINEAR_TERM_USED] = 1
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(w + np.float32(step))}),
+                                   "metrics": MetricRecord(metrics)}), reply_to=msg)
+    return app
+
+
+class ModGrid:
+    """Two nodes answering with ``mod(msg, context, app)``; keeps every reply."""
+
+    def __init__(self, mod, app):
+        self.mod, self.app, self.replies = mod, app, []
+
+    def get_node_ids(self):
+        return [11, 12]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        # a copy per node, as the transport delivers it (FedAvg shares one RecordDict)
+        out = [self.mod(copy.deepcopy(m), None, self.app) for m in messages]
+        self.replies += out
+        return out
+
+
+def run(strategy, mod, app=None, rounds=1):
+    grid = ModGrid(mod, app or trainer())
+    result = strategy.start(grid, ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
+                            num_rounds=rounds)
+    return result, grid.replies
+
+
+def stock():
+    return FedAvg(fraction_evaluate=0.0)
+
+
+def test_output_mod_with_stock_fedavg_adds_its_noise():
+    result, replies = run(stock(), OutputPerturbationMod(l2_clip_norm=1.0, noise_multiplier=0.5))
+    assert replies and not any(r.has_error() for r in replies)
+    for r in replies:
+        out = r.content["arrays"]["w"].numpy()
+        # noise multiplier 0.5 of the replace-one sensitivity 2 tau = 2: stddev 1
+        assert np.std(out) == pytest.approx(1.0, rel=0.05)
+        assert r.content["metrics"][keys.NOISE_MULTIPLIER] == 0.5
+    assert np.std(result.arrays["w"].numpy()) == pytest.approx(1 / np.sqrt(2), rel=0.05)
+
+
+def test_mods_built_from_settings_or_keywords_agree():
+    s = PrivacySettings("output", l2_clip_norm=2.0, stddev=0.3, clip="update")
+    assert OutputPerturbationMod(s).settings == OutputPerturbationMod(
+        l2_clip_norm=2.0, stddev=0.3, clip="update").settings == s
+    assert RecMod(l2_clip_norm=1.0, noise_multiplier=0.5).settings.stddev == 0.5
+
+
+def test_rec_mod_with_stock_fedavg_sends_a_rec_message():
+    _, replies = run(stock(), RecMod(l2_clip_norm=1.0, stddev=0.5, bits=6), trainer(0.01))
+    assert replies and not any(r.has_error() for r in replies)
+    assert all(list(r.content["arrays"]) == [keys.REC_MESSAGE] for r in replies)
+
+
+def test_objective_mod_takes_sizes_from_its_constructor_and_mu_from_fedprox():
+    mod = ObjectivePerturbationMod(alpha=20.0, allow_unproven=True, client_size=600)
+    _, replies = run(FedProx(proximal_mu=1.0, fraction_evaluate=0.0), mod,
+                     trainer(linear_term=True))
+    assert replies and not any(r.has_error() for r in replies)
+    assert all(r.content["metrics"][keys.STEP_EPSILON] > 0 for r in replies)
+
+
+def _reason(mod, strategy=None, app=None):
+    _, replies = run(strategy or stock(), mod, app)
+    assert replies and all(r.has_error() for r in replies)
+    reason = replies[0].error.reason
+    assert "\n" not in reason and "KeyError" not in reason and not reason.startswith("'")
+    return reason
+
+
+@pytest.mark.parametrize("mod, strategy, missing", [
+    (OutputPerturbationMod(), None, "missing setting privacy"),
+    (ObjectivePerturbationMod(), None, "missing setting privacy"),
+    (RecMod(), None, "missing setting privacy"),
+    (OutputPerturbationMod(l2_clip_norm=1.0, stddev=1.0, sensitivity="paper"), None,
+     "missing setting client_size"),
+    (ObjectivePerturbationMod(alpha=20.0, allow_unproven=True), FedProx(fraction_evaluate=0.0),
+     "missing setting client_size"),
+    (ObjectivePerturbationMod(alpha=20.0, allow_unproven=True, client_size=100), None,
+     "missing setting proximal_mu"),
+    (OutputPerturbationMod(l2_clip_norm=1.0, stddev=1.0, noise_seed=3), None,
+     "missing setting privkit-client"),
+])
+def test_a_missing_setting_is_one_line_naming_it(mod, strategy, missing):
+    reason = _reason(mod, strategy, trainer(linear_term=isinstance(mod, ObjectivePerturbationMod)))
+    assert missing in reason and reason.startswith(type(mod).__name__)
+
+
+def test_settings_differing_from_the_message_are_refused():
+    sent = PrivacySettings("output", l2_clip_norm=1.0, stddev=0.5)
+    mod = OutputPerturbationMod(l2_clip_norm=1.0, stddev=0.7)
+    msg = Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(3, np.float32))}),
+                              "config": ConfigRecord(sent.to_config())}),
+                  dst_node_id=11, message_type="train")
+    reply = mod(msg, None, trainer())
+    assert reply.has_error() and "stddev=0.5" in reply.error.reason
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: OutputPerturbationMod(stddev=1.0), "l2_clip_norm"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=1.0), "stddev"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=1.0, noise_multiplier=1.0, stddev=1.0),
+     "noise_multiplier"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=1.0, noise_multiplier=1.0, sensitivity="paper"),
+     "noise_multiplier"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=1.0, noise_multiplier=float("nan")),
+     "noise_multiplier"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=1.0, stddev=1.0, sigma=2), "sigma"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=-1.0, stddev=1.0), "l2_clip_norm"),
+    (lambda: OutputPerturbationMod(l2_clip_norm=1.0, stddev=1.0, client_size=0), "client_size"),
+    (lambda: RecMod(PrivacySettings("output")), "settings"),
+    (lambda: RecMod(PrivacySettings("rec"), bits=4), "settings"),
+    (lambda: ObjectivePerturbationMod(allow_unproven=True), "alpha"),
+])
+def test_bad_constructor_arguments_name_the_argument(make, name):
+    with pytest.raises((InvalidParameterError, MissingSettingError), match=name):
+        make()

@@ -332,7 +332,9 @@ def _dprec_budget_case(algorithm: str) -> BudgetCase:
 
     return BudgetCase(
         f"{algorithm}-central", budget, run_it,
-        _SAMPLERS + (("privkit.mechanisms.rec", "encode"),),
+        # DP-FedAvg's noise: ClientLevelGaussian's draw, through the name aggregate imported
+        _SAMPLERS + (("privkit.mechanisms.rec", "encode"),
+                     ("privkit.mechanisms.aggregate", "gaussian_noise")),
         stopped=lambda res: res["privacy"].get("stopped", ""),
         rounds_done=lambda res: res["privacy"]["rounds_run"],
         rounds_charged=_max_round, draws_expected=draws,

@@ -98,10 +98,11 @@ def test_spy_catches_noise_drawn_before_the_budget_check(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("name", "sampler"), [
     ("mapa-uploads", "fl_examples.mapa.uploads.l2_laplace_noise"),
     ("dprec-central", "privkit.mechanisms.rec.encode"),
-    ("dpfedavg-central", "privkit.mechanisms.sampling.gaussian_noise")])
+    ("dpfedavg-central", "privkit.mechanisms.aggregate.gaussian_noise")])
 def test_spies_see_the_trainers_own_draws(name, sampler, tmp_path, monkeypatch):
     """The draws the harness counts are the trainer's releases, through the names it calls
-    (MAPA's batched path calls the samplers it imported; DP-REC encodes through ``rec``):
+    (MAPA's batched path calls the samplers it imported; DP-REC encodes through ``rec``;
+    DP-FedAvg draws through ClientLevelGaussian's module):
     without these spies the draw count would be 0 and the main check would fail."""
     case = next(c for c in CASES if c.name == name)
     log: list = []

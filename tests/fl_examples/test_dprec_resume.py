@@ -12,6 +12,7 @@ report.json, except the wall-clock fields ``wall_time_s`` and ``client_compute_s
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -267,8 +268,8 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, capsys, reference):
     assert all(eps2[c] >= e for c, e in eps1.items())  # spend never decreases
     assert main(ARGV + ["--out", str(out), "--resume"]) == 0
     capsys.readouterr()
-    with capsys.disabled():
-        print(f"\nkills landed: dprec {where1}, dpfedavg {where2}; killed runs and resume "
-              f"{time.monotonic() - t0:.1f} s")
+    # where the kills landed: in the log (pytest -o log_cli=true shows it), not on stdout
+    logging.getLogger(__name__).info("kills landed: dprec %s, dpfedavg %s; killed runs and resume "
+                                     "%.1f s", where1, where2, time.monotonic() - t0)
     _same(outcome(out), outcome(reference))
     shutil.rmtree(out)

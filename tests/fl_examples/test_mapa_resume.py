@@ -7,6 +7,7 @@ and older ledgers are refused.
 """
 
 import json
+import logging
 import time
 
 import pytest
@@ -249,9 +250,9 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, capsys):
     assert all(eps2[c] >= e for c, e in eps1.items())  # spend never decreases
     assert main(ARGV + ["--out", str(out), "--resume"]) == 0
     capsys.readouterr()
-    with capsys.disabled():
-        print(f"\nkills landed: mapa {where1}, audp {where2}; killed runs and resume "
-              f"{time.monotonic() - t0:.1f} s")
+    # where the kills landed: in the log (pytest -o log_cli=true shows it), not on stdout
+    logging.getLogger(__name__).info("kills landed: mapa %s, audp %s; killed runs and resume "
+                                     "%.1f s", where1, where2, time.monotonic() - t0)
     got, want = _outcome(out), _outcome(ref_out)
     for key in want:
         assert got[key] == want[key], key

@@ -42,6 +42,7 @@ EVALUATION_KEYS = ("iteration", "train_loss", "train_accuracy", "test_accuracy",
 
 X_AXES = (
     ("iteration", "iteration", "curves_vs_iteration.png", False),
+    ("data_rounds", "data rounds (client computation)", "curves_vs_data_rounds.png", False),
     ("wall_time_s", "wall time (s)", "curves_vs_wall_time.png", False),
     ("simulated_time_s", "simulated time (s)", "curves_vs_simulated_time.png", False),
     ("cumulative_bits", "bits communicated, up + down (cumulative)", "curves_vs_bits.png", True),
@@ -93,7 +94,9 @@ def plot_histories(
 ) -> list[Path]:
     """Loss and accuracy against each x axis the histories have, one line per algorithm.
 
-    Always iteration and wall time; also simulated time (``simulated_time_s``, the
+    Always iteration and wall time; also data rounds (``data_rounds``: the iterations that
+    trained on client data, so client computation; Upcycled-FL's even iterations are free),
+    simulated time (``simulated_time_s``, the
     asynchronous and straggler simulators) and bits communicated (``cumulative_bits``,
     log axis) when every history has that key.
     """

@@ -36,7 +36,7 @@ from fl_examples.core.run import (
 )
 from fl_examples.core.seeds import SeedTree
 from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, _model, extrapolation
-from fl_examples.upcycled.privacy import _privacy_plan
+from fl_examples.upcycled.privacy import _privacy_plan, data_rounds
 from privkit._journal import canonical_json
 from privkit.errors import InvalidParameterError
 from privkit.events import event_to_dict
@@ -262,7 +262,11 @@ class _Run(TrainerRun):
             raise FloatingPointError(
                 f"{self.algorithm}: training diverged at iteration {self.iteration} "
                 f"(loss {loss}); lower --lr")
-        row = {"iteration": self.iteration, "train_loss": loss, "train_accuracy": acc,
+        # data_rounds: the iterations that trained on client data (Upcycled-FL's odd ones), the
+        # client computation spent so far (the x axis on which its claim is visible)
+        row = {"iteration": self.iteration,
+               "data_rounds": data_rounds(self.algorithm, self.iteration),
+               "train_loss": loss, "train_accuracy": acc,
                "test_accuracy": test_acc, "wall_time_s": self.wall,
                "client_compute_s": self.compute}
         self.history.append(row)

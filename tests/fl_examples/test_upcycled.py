@@ -80,6 +80,11 @@ def test_same_seed_same_run_and_report(tmp_path, digits):
         assert key in final
     assert (tmp_path / "a" / "curves_vs_iteration.png").stat().st_size > 1000
     assert (tmp_path / "a" / "curves_vs_wall_time.png").stat().st_size > 1000
+    # against client computation: Upcycled-FL's 4 iterations are 2 data rounds, FedProx's 2
+    assert (tmp_path / "a" / "curves_vs_data_rounds.png").stat().st_size > 1000
+    hist = {n: r1["algorithms"][n]["history"] for n in ("upcycled", "fedprox")}
+    assert [(h["iteration"], h["data_rounds"]) for h in hist["upcycled"]][-1] == (4, 2)
+    assert [(h["iteration"], h["data_rounds"]) for h in hist["fedprox"]][-1] == (2, 2)
 
 
 def test_resume_in_a_new_process_is_bitwise_equal(tmp_path, digits):

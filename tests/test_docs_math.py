@@ -114,6 +114,7 @@ def test_mkdocs_enables_arithmatex_and_the_hook():
     assert "stylesheets/extra.css" in config.get("extra_css", [])
     # nothing fetched when the site is viewed: no maths script or font from a network
     assert not [s for s in config.get("extra_javascript", []) if "://" in str(s)]
+    assert config["theme"].get("font") is False  # Material would load Google Fonts
     assert "://" not in (ROOT / "docs" / "stylesheets" / "extra.css").read_text(encoding="utf-8")
 
 

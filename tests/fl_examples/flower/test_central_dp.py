@@ -310,3 +310,24 @@ def test_simulation_adds_the_noise_and_stops(simulated):
     assert metrics[2]["privkit-epsilon"] == pytest.approx(s["eps"][0], rel=1e-9)
     assert metrics[3]["privkit-budget-stopped"] == 1
     assert [k for _, k in s["dp"].ledger.composition(POPULATION).atoms] == [2]
+
+
+def test_upcycled_even_rounds_are_free_behind_the_wrapper():
+    from fl_examples.flower import UpcycledFedProx
+    from fl_examples.flower.client import roster_reply
+
+    def client(i, msg):
+        if msg.metadata.message_type == "query":
+            return roster_reply(msg, client=i, num_examples=20 + i)
+        return replying(lambda j, s: np.full(s, 0.01))(i, msg)
+
+    inner = UpcycledFedProx(3, proximal_mu=1.0, lam=0.42, fraction_evaluate=0.0, seed=0)
+    dp = ClientLevelDP(inner, num_clients=3, client_rate=1.0, l2_clip_norm=10.0,
+                       noise_multiplier=1e-9, seed=2)
+    result, models = start(dp, LocalGrid(3, client), 4, np.zeros(8, np.float32))
+    assert [n for _, n in dp.ledger.composition(POPULATION).atoms] == [2]  # rounds 1 and 3
+    np.testing.assert_allclose(models[1] - models[0], 0.01, rtol=1e-4)  # the private mean
+    c = result.train_metrics_clientapp[2]["privkit-extrapolation"]  # the even step
+    np.testing.assert_allclose(models[2] - models[1], c * (models[1] - models[0]), atol=1e-7)
+    assert result.train_metrics_clientapp[2]["privkit-epsilon"] == \
+        result.train_metrics_clientapp[1]["privkit-epsilon"]

@@ -147,6 +147,15 @@ def run_train(args: argparse.Namespace) -> int:
     factor = getattr(args, "max_loss_factor", None)
     with max_loss_factor(DEFAULT_MAX_LOSS_FACTOR if factor is None else factor), \
             quiet(bool(getattr(args, "quiet", False))):
+        if getattr(args, "out", "") is None:  # no --out: a new directory per run
+            if getattr(args, "resume", False):
+                from privkit.errors import InvalidParameterError
+
+                raise InvalidParameterError("out", None, "given with --resume (the directory "
+                                            "of the run to continue)")
+            from fl_examples.commands import default_out
+
+            args.out = default_out(args.trainer)
         prepared = outdir.prepare_out(args.out, resume=bool(getattr(args, "resume", False)),
                                       overwrite=bool(getattr(args, "overwrite", False)))
         for note in prepared.notes if prepared is not None else ():

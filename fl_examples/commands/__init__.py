@@ -14,7 +14,26 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-__all__ = ["command_modules", "nonnegative_int", "positive_int"]
+__all__ = ["OUT_HELP", "command_modules", "default_out", "nonnegative_int", "positive_int"]
+
+#: The ``--out`` help every trainer command shares.
+OUT_HELP = ("output directory (report.json, plots, ledgers, checkpoints); new or empty unless "
+            "--resume or --overwrite (default: runs/<trainer>-<local time>, a new directory; "
+            "--resume needs it given)")
+
+
+def default_out(trainer: str, now: float | None = None) -> str:
+    """``runs/<trainer>-YYYYmmdd-HHMMSS`` (local time), with ``-2``, ``-3``, ... when that
+    directory exists already (two runs started in the same second)."""
+    import time
+    from pathlib import Path
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = f"runs/{trainer}-{stamp}"
+    path, k = base, 2
+    while Path(path).exists():
+        path, k = f"{base}-{k}", k + 1
+    return path
 
 
 def command_modules() -> list[ModuleType]:

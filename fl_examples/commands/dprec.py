@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import nonnegative_int, positive_int
+from fl_examples.commands import OUT_HELP, nonnegative_int, positive_int
 
 NAME = "dprec"
 HELP = "DP-REC (relative entropy coding) and DP-FedAvg at the same epsilon"
@@ -22,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=float, default=100, help="N clients (digits)")
     p.add_argument("--digits-classes", type=float, default=0,
                    help="classes per digits client (0: IID)")
-    p.add_argument("--model", default="logreg", choices=["logreg", "cnn"])
+    p.add_argument("--model", default="logreg", choices=["logreg", "cnn"],
+                   help="logreg: multinomial logistic regression; cnn: a small CNN (3 "
+                        "channels, one hidden layer of 100)")
     p.add_argument("--algorithm", default="dprec", choices=["dprec", "dpfedavg", "fedavg"],
                    help="the algorithm run first (--compare adds the others)")
     p.add_argument("--compare", default="dpfedavg,fedavg",
@@ -33,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-rate", type=float, default=None,
                    help="q: DP-FedAvg's (and FedAvg's) Poisson rate, each client joins a round "
                         "with probability q, in (0, 1] (default: clients-per-round / N)")
-    p.add_argument("--rounds", type=float, default=50)
+    p.add_argument("--rounds", type=float, default=50, help="T, communication rounds")
     p.add_argument("--bits", type=float, default=8, help="bits per group (K = 2**bits)")
     p.add_argument("--groups", default="per-layer",
                    help="per-layer | whole | per-parameter | chunks:N")
@@ -42,12 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sigma of the REC prior/target (replaced by the calibrated value with "
                         "--epsilon)")
     p.add_argument("--epochs", type=float, default=5, help="local epochs")
-    p.add_argument("--batch-size", type=float, default=16)
+    p.add_argument("--batch-size", type=float, default=16, help="local SGD minibatch size")
     p.add_argument("--lr", type=float, default=0.5, help="local learning rate")
-    p.add_argument("--server-lr", type=float, default=1.0)
+    p.add_argument("--server-lr", type=float, default=1.0,
+                   help="server step size on the averaged update")
     p.add_argument("--server-momentum", type=float, default=0.0,
                    help="heavy-ball momentum of the server step, in [0, 1)")
-    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--delta", type=float, default=1e-5, help="delta of every epsilon")
     p.add_argument("--epsilon", type=float, default=None,
                    help="target central epsilon: calibrate DP-REC's --stddev and DP-FedAvg's "
                         "noise to reach it after --rounds rounds (default: DP-REC uses "
@@ -65,14 +68,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-history-compression", action="store_true",
                    help="always send the full model downlink")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--seed", type=float, default=0)
-    p.add_argument("--eval-every", type=float, default=5)
+    p.add_argument("--seed", type=float, default=0,
+                   help="root of the seed tree (data split, sampling, batches, noise)")
+    p.add_argument("--eval-every", type=float, default=5, help="rounds between evaluations")
     p.add_argument("--checkpoint-every", type=float, default=0,
                    help="checkpoint every N rounds (and at the end) into OUT/checkpoints "
                         "(0: never)")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT's checkpoints and ledgers (same settings)")
-    p.add_argument("--out", required=True, help="output directory (report.json, plots, ledgers)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 

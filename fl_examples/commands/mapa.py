@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from fl_examples.commands import nonnegative_int, positive_int
+from fl_examples.commands import OUT_HELP, nonnegative_int, positive_int
 
 NAME = "mapa"
 HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace or Gaussian gradient noise"
@@ -90,9 +90,13 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                    help="mean seconds per transfer (each way) at link speed 1")
     t.add_argument("--cloud-time", type=float, default=0.0,
                    help="cloud seconds per upload (> 0: uploads queue in the FIFO buffer)")
-    t.add_argument("--jitter", default="exponential", choices=["exponential", "none"])
-    u.add_argument("--seed", type=float, default=0)
-    u.add_argument("--eval-every", type=float, default=50)
+    t.add_argument("--jitter", default="exponential", choices=["exponential", "none"],
+                   help="exponential: each job's compute and link time is the edge's mean "
+                        "times an Exp(1) draw; none: the mean itself")
+    u.add_argument("--seed", type=float, default=0,
+                   help="root of the seed tree (data split, speeds, batches, noise)")
+    u.add_argument("--eval-every", type=float, default=50,
+                   help="applied updates between evaluations")
     u.add_argument("--target-loss", type=float, default=None,
                    help="an extra training-loss target for the updates-to-loss comparison")
     u.add_argument("--naive", action="store_true",
@@ -104,7 +108,7 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--resume", action="store_true",
                    help="continue from OUT's checkpoints and ledgers (charges a crash left "
                         "after the last checkpoint are adopted, never made twice)")
-    u.add_argument("--out", required=True, help="output directory (report.json, plots, ledgers)")
+    u.add_argument("--out", default=None, help=OUT_HELP)
     u.add_argument("--json", action="store_true", help="print the final results as JSON")
 
 

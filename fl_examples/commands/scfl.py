@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import nonnegative_int, positive_int
+from fl_examples.commands import OUT_HELP, nonnegative_int, positive_int
 
 DATASET_HELP = (
     "the data set, over --clients clients: digits[:K] (sklearn digits, K classes per client, "
@@ -90,9 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=float, default=0,
                    help="checkpoint every N epochs into OUT/checkpoints (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
-    p.add_argument("--out", required=True,
-                   help="output directory (report.json, plots, ledgers, checkpoints); new or "
-                        "empty unless --resume or --overwrite")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     p.add_argument("--json", action="store_true", help="print the final results as JSON")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import nonnegative_int
+from fl_examples.commands import OUT_HELP, nonnegative_int
 
 DATASET_HELP = (
     "the federated data set: synthetic:ALPHA,BETA[:PRESET] (Synthetic(alpha, beta), PRESET "
@@ -55,9 +55,7 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--checkpoint-every", type=float, default=0,
                    help="checkpoint every N iterations into OUT/checkpoints (0: never)")
     u.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
-    u.add_argument("--out", required=True,
-                   help="output directory (report.json, plots, ledgers, checkpoints); new or "
-                        "empty unless --resume or --overwrite")
+    u.add_argument("--out", default=None, help=OUT_HELP)
     p = u.add_argument_group("privacy (odd iterations only; even ones are post-processing)")
     p.add_argument("--privacy", default="none",
                    choices=["none", "output", "objective", "client", "record"],

@@ -3,10 +3,10 @@ theory pages. Nothing here builds the site (make test does that with --strict)."
 
 import importlib.util
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,8 @@ ASCII_MATHS = {
     "_ subscripts": r"[A-Za-z]_[A-Za-z0-9{]",
     "~ as 'distributed as'": r"~",
     "exp( / log( / min(": r"\b(?:exp|log|ln|min|max|argmin)\(",
-    "Greek letters spelled out": r"\b(?:alpha|beta|sigma|mu|rho|tau|psi|eta|xi|eps|eps0|Phi|Delta)\b",
+    "Greek letters spelled out":
+        r"\b(?:alpha|beta|sigma|mu|rho|tau|psi|eta|xi|eps|eps0|Phi|Delta)\b",
     "E[...] expectations": r"\bE\[",
 }
 

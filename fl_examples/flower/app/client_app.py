@@ -1,6 +1,7 @@
 """ClientApp of the example: privkit's local solver on client ``partition-id``.
 
-``train`` is plain; ``train.output``, ``train.objective`` and ``train.rec`` are the same
+``train`` is plain (client-level DP needs nothing more: the server clips and adds the noise);
+``train.output``, ``train.objective`` and ``train.rec`` are the same
 training behind privkit's output-perturbation, objective-perturbation and DP-REC mods (the
 server picks one with its ``privacy`` setting). Data, seed and model come from the run config.
 """

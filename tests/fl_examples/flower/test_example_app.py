@@ -1,8 +1,20 @@
-"""The example app (``fl_examples/flower/app``): its default run config is client-level DP
-calibrated to epsilon <= 8 at delta 1e-5 on 100 clients."""
+"""The example app (``fl_examples/flower/app``) and its loopback deployment script.
+
+The app's default run config is client-level DP calibrated to epsilon <= 8 at delta 1e-5 on
+100 clients; the deployment test starts a SuperLink and two SuperNodes on 127.0.0.1, runs the
+app with ``flwr run`` and checks that every process it started is gone (about 1 minute on two
+busy cores; bounded at 240 s).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,10 +27,12 @@ from flwr.app import Context, RecordDict  # noqa: E402
 
 import privkit  # noqa: E402
 from fl_examples.flower import ClientLevelDP, PrivkitFedProx, load_federated  # noqa: E402
+from fl_examples.flower import deploy_loopback as deploy  # noqa: E402
 from fl_examples.flower.app import server_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 APP = ROOT / "fl_examples" / "flower" / "app"
+SCRIPT = ROOT / "fl_examples" / "flower" / "deploy_loopback.py"
 
 
 def app_config(**overrides):
@@ -52,3 +66,86 @@ def test_upcycled_calibrates_for_its_odd_rounds_only():
     assert float(privkit.epsilon(privkit.SelfComposedDpEvent(dp.event, 4), 1e-5)) <= 8.0
     fixed = server_app.strategy_from_config(context(**{"noise-multiplier": 2.0}))
     assert fixed.mechanism.noise_multiplier == 2.0 and fixed.max_epsilon is None
+
+
+def test_taken_port_fails_in_one_line(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert deploy.main(["--port", str(port), "--supernodes", "1"]) == 3
+    err = capsys.readouterr().err
+    assert f"SuperLink port 127.0.0.1:{port} is not free" in err.splitlines()[0]
+
+
+def test_bounded_wait_names_the_step(tmp_path):
+    dep = deploy.Deployment(tmp_path, wait=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(deploy.DeployError, match="SuperLink on x: not ready within 0.5 s"):
+        dep.wait_until("SuperLink on x", lambda: False)
+    assert time.monotonic() - t0 < 3
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_loopback_deployment_runs_the_app_and_stops_everything(tmp_path):
+    home, out = tmp_path / "home", tmp_path / "out"
+    argv = [sys.executable, str(SCRIPT), "--supernodes", "2", "--port", "0", "--home",
+            str(home), "--wait", "90", "--run-config",
+            f"num-rounds=2 local-epochs=1 fraction=1.0 reference=false out-dir='{out}'"]
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    finally:
+        left = deploy.leftovers(home)
+        for pid in left:  # never leave processes behind, even if the test fails
+            os.kill(pid, 9)
+    seconds = time.monotonic() - t0
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "run status: finished:completed" in done.stdout
+    assert "client-level epsilon" in done.stdout
+    assert left == []
+    pids = [int(p) for p in (home / "pids").read_text().split()]
+    assert len(pids) == 4  # SuperLink, two SuperNodes, flwr run
+    assert not any(_alive(p) for p in pids)
+    result = json.loads((out / "flower-result.json").read_text())["private"]
+    privacy = result["privacy"]
+    assert privacy["delta"] == 1e-5 and 0 < privacy["epsilon"] <= 8.0
+    assert result["train_metrics"]["2"]["privkit-epsilon"] == pytest.approx(privacy["epsilon"])
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert seconds < 240
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_ctrl_c_stops_everything(tmp_path):
+    home = tmp_path / "home"
+    argv = [sys.executable, str(SCRIPT), "--supernodes", "2", "--port", "0", "--home",
+            str(home), "--wait", "90", "--run-config", "num-rounds=50 reference=false"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:  # interrupt once the deployment is up
+            if "SuperNodes online" in line or time.monotonic() > deadline:
+                break
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = deploy.leftovers(home)
+        for pid in left:
+            os.kill(pid, 9)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted; stopped every process it started" in err
+    assert left == []
+    assert not any(_alive(int(p)) for p in (home / "pids").read_text().split())

@@ -33,7 +33,7 @@ run: $(STAMP)
 	$(VENV)/bin/privkit demo
 
 # The docs are built strictly (a broken link or docstring fails the build); tests/test_readme.py
-# runs every example in README.md and docs/.
+# runs every example in README.md and docs/ and checks the output shown under it.
 test: $(FULL)
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check privkit fl_examples tests bench

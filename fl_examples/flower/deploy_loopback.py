@@ -352,6 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     home = args.home.resolve() if args.home is not None else Path(
         tempfile.mkdtemp(prefix="flwr-loopback-"))
     signal.signal(signal.SIGTERM, _terminate)
+    # Ctrl-C always stops the deployment, also when the script was started with SIGINT
+    # ignored (a background job of a non-interactive shell inherits SIG_IGN, and Python
+    # then installs no KeyboardInterrupt handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     status = 1
     try:
         status = deploy(supernodes=args.supernodes, port=port, node_ports=nodes, home=home,

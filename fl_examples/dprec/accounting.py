@@ -16,7 +16,6 @@ Central: amplified by the server's secret client sampling.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from fl_examples.dprec.config import (
     relation_of,
 )
 from privkit.accountants import rdp, rules
+from privkit.accountants.calibration import _solve_noise
 from privkit.accountants.rec import rec_run_event
 from privkit.errors import InvalidParameterError
 from privkit.events import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
@@ -68,51 +68,27 @@ def dprec_central_epsilon(cfg: DPRecConfig, num_clients: int, rounds: int,
 
 def calibrate_dprec(target: float, cfg: DPRecConfig, num_clients: int,
                     num_groups: int = 1) -> float:
-    """The smallest stddev sigma (to 1e-3 relative; the safe end) whose central epsilon after
-    ``cfg.rounds`` rounds is <= ``target``: regula falsi (Illinois) on log sigma against
-    log epsilon, which is close to linear there.
+    """The smallest stddev sigma (to 1e-3 relative; the safe end, evaluated) whose central
+    epsilon after ``cfg.rounds`` rounds is <= ``target``: privkit's noise solver (Illinois
+    regula falsi on log sigma against log epsilon) on :func:`dprec_central_epsilon` itself.
 
     Raises:
         InvalidParameterError: naming ``epsilon``: the target is below what any sigma reaches
             (the with-replacement bound has a floor that grows with T |S'| / N^2).
     """
     target = float(target)
+    cap = 1e3 * cfg.l2_clip
 
-    def f(log_s: float) -> float:
-        e = dprec_central_epsilon(cfg, num_clients, cfg.rounds, num_groups, math.exp(log_s))
-        return math.log(e) - math.log(target)
-
-    c = cfg.l2_clip
-    lo = hi = math.log(cfg.stddev)
-    f_lo = f_hi = f(lo)
-    while f_hi > 0:  # too little noise: raise sigma
-        lo, f_lo = hi, f_hi
-        hi += math.log(2)
-        if hi > math.log(1e3 * c):
-            floor = dprec_central_epsilon(cfg, num_clients, cfg.rounds, num_groups, 1e3 * c)
+    def eps_of(sigma: float) -> float:
+        e = dprec_central_epsilon(cfg, num_clients, cfg.rounds, num_groups, sigma)
+        if sigma >= cap and e > target:
             raise InvalidParameterError(
                 "epsilon", target, f"reachable by DP-REC (its central epsilon stays above "
-                f"{floor:.3g} at stddev 1000 x --l2-clip with these rounds, draws and "
-                "clients: fewer rounds or draws, or more clients)")
-        f_hi = f(hi)
-    while f_lo <= 0:  # enough noise already: lower sigma
-        hi, f_hi = lo, f_lo
-        lo -= math.log(2)
-        f_lo = f(lo)
-    side = 0
-    while hi - lo > 1e-3:
-        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        mid = min(max(mid, lo + 1e-4), hi - 1e-4)
-        f_mid = f(mid)
-        if f_mid <= 0:
-            hi, f_hi = mid, f_mid
-            f_lo = f_lo / 2 if side == -1 else f_lo
-            side = -1
-        else:
-            lo, f_lo = mid, f_mid
-            f_hi = f_hi / 2 if side == 1 else f_hi
-            side = 1
-    return math.exp(hi)
+                f"{e:.3g} at stddev {sigma / cfg.l2_clip:.3g} x --l2-clip with these rounds, "
+                "draws and clients: fewer rounds or draws, or more clients)")
+        return e
+
+    return float(_solve_noise(eps_of, target, 1e-3, cfg.stddev)[0])
 
 
 def dpfedavg_round_event(z: float, client_rate: float, relation: Any) -> Any:

@@ -36,11 +36,22 @@ from privkit.errors import BudgetExceededError, InvalidParameterError
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, AdaptiveClipping, ClientLevelGaussian
 
-__all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "grouped", "calibrate_record",
-           "epsilon_section", "POPULATION"]
+__all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "server_step", "grouped",
+           "calibrate_record", "epsilon_section", "POPULATION"]
 
 #: The ledger id of client-level DP: every client's guarantee is the population's.
 POPULATION = "population"
+
+
+def server_step(w: dict[str, Any], mean: dict[str, Any], state: dict[str, Any], *,
+                lr: float, momentum: float) -> dict[str, Any]:
+    """The server's step on an averaged update: heavy ball ``buf <- m buf + mean`` (the
+    buffer kept in ``state["momentum"]``; none at m = 0), then ``w + lr buf``."""
+    if momentum:
+        buf = state.get("momentum")
+        mean = mean if buf is None else {k: momentum * buf[k] + mean[k] for k in w}
+        state["momentum"] = mean
+    return {k: w[k] + lr * mean[k] for k in w}
 
 
 def charge_entries(ledger: Ledger, entries: Sequence[tuple[str, Any]], *, round_: int,
@@ -166,13 +177,7 @@ class ClientDpPlan:
                                                  rng=generator)
         noisy = mech(delta, rng=generator)
         mean = {k: noisy[k] / self.expected_clients for k in w}
-        if self.server_momentum:
-            buf = state.get("momentum")
-            buf = mean if buf is None else {k: self.server_momentum * buf[k] + mean[k]
-                                             for k in w}
-            state["momentum"] = buf
-            mean = buf
-        return {k: w[k] + self.server_lr * mean[k] for k in w}
+        return server_step(w, mean, state, lr=self.server_lr, momentum=self.server_momentum)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {

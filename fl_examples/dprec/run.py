@@ -23,7 +23,7 @@ import torch
 
 import privkit
 from fl_examples.core.data import FederatedDataset, Split
-from fl_examples.core.dp_modes import POPULATION, ClientDpPlan
+from fl_examples.core.dp_modes import POPULATION, ClientDpPlan, server_step
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import num_parameters
 from fl_examples.core.rounds import (
@@ -237,16 +237,11 @@ class _Run(TrainerRun):
                          momentum=0.0, generator=self.tree.torch(t, "batches", self.device))
 
     def _server_step(self, mean: dict[str, torch.Tensor]) -> None:
-        """``buf <- m buf + mean`` (no buffer at m = 0), ``w <- w + server_lr buf``, in
-        float64 (the step ClientDpPlan.release applies to DP-FedAvg's noisy mean)."""
-        cfg = self.cfg
-        if cfg.server_momentum:
-            buf = self.server.get("momentum")
-            mean = mean if buf is None else {k: cfg.server_momentum * buf[k].to(torch.float64)
-                                             + mean[k] for k in mean}
-            self.server["momentum"] = mean
-        self.w = {k: (self.w[k].to(torch.float64) + cfg.server_lr * mean[k]).to(self.w[k].dtype)
-                  for k in self.w}
+        """:func:`~fl_examples.core.dp_modes.server_step` (the step ClientDpPlan.release
+        applies to DP-FedAvg's noisy mean) in float64, back in the model's dtype."""
+        new = server_step({k: v.to(torch.float64) for k, v in self.w.items()}, mean,
+                          self.server, lr=self.cfg.server_lr, momentum=self.cfg.server_momentum)
+        self.w = {k: v.to(self.w[k].dtype) for k, v in new.items()}
 
     def receive(self, msg: rec.RecMessage) -> dict[str, Any]:
         """Server side of one message: refuse a seed seen before (shared candidates would
@@ -389,8 +384,10 @@ class _Run(TrainerRun):
         """History, privacy and communication sections (and ``_model``, the final parameters,
         which the report leaves out)."""
         cfg, algorithm = self.cfg, self.algorithm
-        messages = (self.round * cfg.clients_per_round if algorithm == "dprec"
-                    else int(self.participations().sum()))
+        # Poisson participation, replayed from the seed tree once (DP-REC's is fixed: |S'|)
+        taken = None if algorithm == "dprec" else self.participations()
+        messages = (self.round * cfg.clients_per_round if taken is None
+                    else int(taken.sum()))
         comm = {"uplink_bits": self.up, "downlink_bits": self.down,
                 "float32_uplink_bits": FLOAT_BITS * self.d * messages, "messages": messages,
                 "parameters": self.d}
@@ -398,14 +395,15 @@ class _Run(TrainerRun):
             comm |= {"uplink_bits_without_seeds": self.up_no_seed,
                      "bits_per_message": (8 * rec.SEED_BYTES + self.num_groups * cfg.bits),
                      "history_compression": cfg.history_compression}
-        privacy = self._privacy() if algorithm != "fedavg" else {
+        privacy = self._privacy(taken) if algorithm != "fedavg" else {
             "non_private": True, "epsilon_central": None, "rounds_run": self.round,
             "client_rate": self.q, "note": "non-private reference: DP-FedAvg's Poisson "
             "sampling and server step, no clipping, no noise, nothing charged"}
         return {"history": self.history, "privacy": privacy, "communication": comm,
                 "_model": {k: v.detach().cpu() for k, v in self.w.items()}}
 
-    def _privacy(self) -> dict[str, Any]:
+    def _privacy(self, taken: np.ndarray | None) -> dict[str, Any]:
+        """The privacy section (``taken``: :meth:`participations`, DP-FedAvg's)."""
         cfg, algorithm = self.cfg, self.algorithm
         assert self.ledger is not None and self.relation is not None
         relation = RELATION_NAMES[self.relation.name]
@@ -434,7 +432,8 @@ class _Run(TrainerRun):
             assert self.z is not None
             eps = self.ledger.epsilons([POPULATION])[POPULATION] if self.round else 0.0
             # without amplification (the sample not secret): a client's own rounds composed
-            k_max = int(self.participations().max()) if self.round else 0
+            assert taken is not None
+            k_max = int(taken.max()) if self.round else 0
             unamp = self.charge_event()
             unamp = getattr(unamp, "event", unamp)  # the Gaussian inside the Poisson sampling
             eps_unamp = privkit.epsilon(privkit.SelfComposedDpEvent(unamp, k_max), cfg.delta,

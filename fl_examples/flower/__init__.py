@@ -26,11 +26,12 @@ from fl_examples.flower.central import ClientLevelDP
 from fl_examples.flower.client import load_federated, local_update, make_client_app
 from fl_examples.flower.mods import ObjectivePerturbationMod, OutputPerturbationMod, RecMod
 from fl_examples.flower.privacy import PrivacySettings, ServerAccountant
-from fl_examples.flower.server import initial_arrays, make_server_app
+from fl_examples.flower.server import central_evaluate_fn, initial_arrays, make_server_app
 from fl_examples.flower.strategy import PrivkitFedProx, UpcycledFedProx
 
 __all__ = [
     "ClientLevelDP",
+    "central_evaluate_fn",
     "UpcycledFedProx",
     "PrivkitFedProx",
     "PrivacySettings",

@@ -1,4 +1,4 @@
-"""Server side helpers: the initial model and a ServerApp around a privkit strategy.
+"""Server side helpers: the initial model, central evaluation, a ServerApp around a strategy.
 
 The initial model is drawn exactly as privkit's batched trainers draw it (stream ``init`` of
 round 0 of the seed tree, on the CPU), so a Flower run and a simulator run with the same seed
@@ -12,21 +12,47 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
+from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.rounds import evaluate, to_client_data
 from fl_examples.core.seeds import SeedTree
 from fl_examples.flower import records as keys
 from fl_examples.flower.strategy import PrivkitFedProx
+from privkit.errors import InvalidParameterError
 
-__all__ = ["initial_arrays", "make_server_app", "result_summary"]
+__all__ = ["central_evaluate_fn", "initial_arrays", "make_server_app", "result_summary"]
 
 
 def initial_arrays(model: Any, seed: int) -> ArrayRecord:
     """The global model before round 1 (same draw as ``fl_examples.upcycled``)."""
     init = model.init(1, generator=SeedTree(seed).torch(0, "init", "cpu"), device="cpu")
     return keys.to_record({k: v[0] for k, v in init.items()})
+
+
+def central_evaluate_fn(model: Any, ds: FederatedDataset
+                        ) -> Callable[[int, ArrayRecord], MetricRecord]:
+    """``evaluate_fn`` for ``Strategy.start``: the global model on a test set the server holds.
+
+    The test set is the union of ``ds``'s test splits (no client trains on them), so the
+    accuracy equals federated evaluation on every client weighted by its test size, without a
+    message to any client: evaluation then releases nothing computed on client data. The
+    metrics are ``loss``, ``accuracy`` and ``num-examples``.
+    """
+    data = to_client_data(ds.padded(Split.TEST), torch.device("cpu"), torch.float32)
+    n = int(data.sizes.sum())
+    if n == 0:
+        raise InvalidParameterError("ds", "no test records", "a data set with test records "
+                                    "for the server to evaluate on")
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        loss, acc = evaluate(model, keys.to_torch(arrays), data)
+        return MetricRecord({"loss": loss, "accuracy": acc, keys.NUM_EXAMPLES: n})
+
+    return evaluate_fn
 
 
 def result_summary(result: Result, strategy: PrivkitFedProx) -> dict[str, Any]:
@@ -37,6 +63,7 @@ def result_summary(result: Result, strategy: PrivkitFedProx) -> dict[str, Any]:
     out: dict[str, Any] = {
         "train_metrics": plain(result.train_metrics_clientapp),
         "evaluate_metrics": plain(result.evaluate_metrics_clientapp),
+        "evaluate_metrics_server": plain(result.evaluate_metrics_serverapp),
         "sizes": list(strategy.sizes),
     }
     if strategy.accountant is not None and strategy.accountant.bound:

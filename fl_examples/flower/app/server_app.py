@@ -14,10 +14,19 @@
   client sent work charged on ``OUT/ledger.jsonl`` (record-level guarantees per client).
 - ``none``: no privacy.
 
+``evaluation``:
+
+- ``server`` (default): the server evaluates each round's global model on a test set it holds
+  (here the union of the clients' test splits, which no client trains on; in a real
+  deployment the server's own held-out data). No client is asked anything, so evaluation
+  releases nothing computed on client data and costs no messages.
+- ``clients``: federated evaluation, each client on its test split (``fraction-evaluate`` of
+  them), weighted by test size. The replies are computed on client data and are not covered
+  by the guarantee.
+
 With ``reference = true`` and a private ``privacy``, the same settings then run again without
-privacy on the same nodes, and the last log line puts both final accuracies side by side (the
-accuracy is the federated evaluation of the final model on every client's test split, weighted
-by test size; evaluation is not covered by the guarantee). With ``out-dir``,
+privacy on the same nodes, and the last log line puts both final accuracies side by side. With
+``out-dir``,
 ``OUT/flower-result.json`` holds each run's per-round metrics, keyed ``private`` and
 ``non-private``.
 """
@@ -41,6 +50,7 @@ from fl_examples.flower import (
     PrivacySettings,
     PrivkitFedProx,
     UpcycledFedProx,
+    central_evaluate_fn,
     initial_arrays,
     load_federated,
 )
@@ -51,6 +61,7 @@ from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import ClientLevelGaussian
 
 PRIVACY = ("none", "client", "output", "objective", "rec")
+EVALUATION = ("server", "clients")
 
 
 def _population(rc: Any, kind: str) -> str:
@@ -115,11 +126,12 @@ def strategy_from_config(context: Context, kind: str | None = None) -> Strategy:
         private = {"privacy": settings, "ledger": _ledger(rc, kind, budget),
                    "train_action": kind}
     fraction = float(rc["fraction"])
+    fraction_evaluate = 0.0 if _evaluation(rc) == "server" else float(rc["fraction-evaluate"])
     common: dict[str, Any] = dict(
         proximal_mu=float(rc["mu"]), fraction_train=1.0 if kind == "client" else fraction,
         stragglers=float(rc["stragglers"]), local_epochs=int(rc["local-epochs"]),
         batch_size=int(rc["batch-size"]), lr=float(rc["lr"]), momentum=float(rc["momentum"]),
-        seed=int(rc["seed"]), fraction_evaluate=float(rc["fraction-evaluate"]),
+        seed=int(rc["seed"]), fraction_evaluate=fraction_evaluate,
         batch_order=str(rc["batch-order"]), **private)
     n = int(rc["num-clients"])
     algorithm = str(rc["algorithm"])
@@ -143,18 +155,38 @@ def strategy_from_config(context: Context, kind: str | None = None) -> Strategy:
                          max_epsilon=budget, run_id=_population(rc, kind))
 
 
+def _evaluation(rc: Any) -> str:
+    kind = str(rc.get("evaluation", "server"))
+    if kind not in EVALUATION:
+        raise InvalidParameterError("evaluation", kind, "server or clients")
+    return kind
+
+
+def _dataset(rc: Any) -> Any:
+    return load_federated(str(rc["dataset"]), int(rc["seed"]), int(rc["num-clients"]))
+
+
 def initial_from_config(context: Context) -> ArrayRecord:
-    """The initial model (the server reads the data set only for its shape)."""
+    """The initial model (drawn from the seed; the data set gives only its shape)."""
     rc = context.run_config
-    ds = load_federated(str(rc["dataset"]), int(rc["seed"]), int(rc["num-clients"]))
-    return initial_arrays(make_model(str(rc["model"]), ds), int(rc["seed"]))
+    return initial_arrays(make_model(str(rc["model"]), _dataset(rc)), int(rc["seed"]))
+
+
+def evaluate_fn_from_config(context: Context) -> Any:
+    """``evaluate_fn`` for ``Strategy.start`` with ``evaluation = "server"``, else None."""
+    rc = context.run_config
+    if _evaluation(rc) != "server":
+        return None
+    ds = _dataset(rc)
+    return central_evaluate_fn(make_model(str(rc["model"]), ds), ds)
 
 
 def run_summary(result: Result, strategy: Strategy, seconds: float) -> dict[str, Any]:
     """Per-round metrics, the final accuracy and, for client-level DP, its privacy."""
     inner = strategy.strategy if isinstance(strategy, ClientLevelDP) else strategy
     out = result_summary(result, inner)  # type: ignore[arg-type]
-    evals = result.evaluate_metrics_clientapp
+    evals = result.evaluate_metrics_serverapp or result.evaluate_metrics_clientapp
+    out["evaluation"] = "server" if result.evaluate_metrics_serverapp else "clients"
     out["accuracy"] = float(evals[max(evals)]["accuracy"]) if evals else None
     out["seconds"] = seconds
     if isinstance(strategy, ClientLevelDP):
@@ -200,7 +232,8 @@ def main(grid: Grid, context: Context) -> None:
         t0 = time.perf_counter()
         result = strategy.start(grid=grid, initial_arrays=initial_from_config(context),
                                 num_rounds=rounds, timeout=3600.0, train_config=ConfigRecord(),
-                                evaluate_config=ConfigRecord())
+                                evaluate_config=ConfigRecord(),
+                                evaluate_fn=evaluate_fn_from_config(context))
         summary[label] = run_summary(result, strategy, time.perf_counter() - t0)
         log(INFO, "privkit: %s", _line(label, summary[label]))
     log(INFO, "privkit: final %s", " | ".join(_line(label, summary[label])

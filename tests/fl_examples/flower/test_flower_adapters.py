@@ -342,3 +342,32 @@ def test_strategy_validates_its_arguments():
         UpcycledFedProx(3, batch_order="random")
     assert isinstance(initial_arrays(make_model("logreg", load_federated(SPEC, SEED, K)), 0),
                       ArrayRecord)
+
+
+def test_central_evaluation_equals_weighted_federated_evaluation():
+    """The server's evaluation on the union of the test splits is the clients' evaluation
+    weighted by test size (so ``evaluation = "server"`` reports the same accuracy)."""
+    import torch
+
+    from fl_examples.core.data import Split
+    from fl_examples.core.rounds import evaluate, to_client_data
+    from fl_examples.flower import central_evaluate_fn
+
+    ds = load_federated("digits@10", 0)
+    model = make_model("logreg", ds)
+    arrays = initial_arrays(model, 3)
+    w = keys.to_torch(arrays)
+    w = {k: v + 0.1 * torch.randn_like(v) for k, v in w.items()}  # not a trivial model
+    arrays = keys.to_record({k: v.numpy() for k, v in w.items()})
+    got = central_evaluate_fn(model, ds)(1, arrays)
+    accs, losses, sizes = [], [], []
+    for c in range(ds.num_clients):
+        data = to_client_data(ds.padded(Split.TEST, clients=[c]), torch.device("cpu"),
+                              torch.float32)
+        loss, acc = evaluate(model, keys.to_torch(arrays), data)
+        accs.append(acc), losses.append(loss), sizes.append(int(ds.test_sizes[c]))
+    n = sum(sizes)
+    assert got[keys.NUM_EXAMPLES] == n
+    assert got["accuracy"] == pytest.approx(np.dot(accs, sizes) / n, abs=1e-12)
+    assert got["loss"] == pytest.approx(np.dot(losses, sizes) / n, rel=1e-6)
+    assert 0.0 < got["accuracy"] < 1.0

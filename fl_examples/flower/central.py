@@ -40,8 +40,9 @@ trimmed means that need several replies, FedXgb) do not fit this design. The gua
 assumes a trusted aggregator or secure aggregation (the server sees only the noisy sum:
 :data:`privkit.mechanisms.aggregate.TRUST_ASSUMPTION`) and Poisson sampling whose outcome
 stays secret; the wrapper logs the number of sampled nodes for the operator but never puts it
-in the round metrics. Flower's ``Strategy.start`` has no early exit, so after a budget stop the
-remaining rounds run without training.
+in the round metrics (an inner privkit strategy's ``privkit-clients``, which would count the
+one synthetic reply, is dropped). Flower's ``Strategy.start`` has no early exit, so after a
+budget stop the remaining rounds run without training.
 
 Round metrics (``train_metrics_clientapp`` of Flower's ``Result``): ``privkit-epsilon`` (the
 population's epsilon after the round at ``privkit-delta``), ``privkit-delta``,
@@ -339,7 +340,9 @@ class ClientLevelDP(Strategy):
                               keys.METRICS: MetricRecord({weight_key: 1})})
         synthetic = Message(content, reply_to=sent.template)
         arrays, metrics = self.strategy.aggregate_train(server_round, [synthetic])
-        return arrays, MetricRecord(dict(metrics or {}) | self._metrics())
+        # the inner strategy counted one reply (the synthetic one): no real client count
+        inner = {k: v for k, v in dict(metrics or {}).items() if k != "privkit-clients"}
+        return arrays, MetricRecord(inner | self._metrics())
 
     # -- evaluate (not private: passed through) ---------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

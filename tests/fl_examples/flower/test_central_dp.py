@@ -331,3 +331,5 @@ def test_upcycled_even_rounds_are_free_behind_the_wrapper():
     np.testing.assert_allclose(models[2] - models[1], c * (models[1] - models[0]), atol=1e-7)
     assert result.train_metrics_clientapp[2]["privkit-epsilon"] == \
         result.train_metrics_clientapp[1]["privkit-epsilon"]
+    # the inner strategy saw one synthetic reply: no client count that would read "1"
+    assert "privkit-clients" not in result.train_metrics_clientapp[1]

@@ -4,8 +4,10 @@ Loopback only, without TLS (``--insecure``): for trying the deployment path on o
 for tests, never across a network. What it does, each step bounded by ``--wait`` seconds:
 
 1. writes a fresh Flower home (``FLWR_HOME``: ``config.toml`` with a ``loopback`` SuperLink
-   connection, the SuperLink's database, every process's log) and checks the ports are free;
-2. starts the SuperLink and waits until its port accepts TCP connections;
+   connection, every process's log) and checks the ports are free;
+2. starts the SuperLink (its state in memory: with a SQLite file, 20 SuperNodes polling at
+   once made it fail with ``database is locked`` and the run with it) and waits until its
+   port accepts TCP connections;
 3. starts N SuperNodes (node ``i`` is client ``i``: ``--node-config partition-id=i``), waits
    until each one's Runtime API port accepts connections, then until the SuperLink's control
    API lists N nodes ``online``;
@@ -195,10 +197,82 @@ class Deployment:
             return 0
         return sum(1 for d in _records(_json(out)) if d.get("status") == "online")
 
+    def finished(self, run_id: int) -> bool:
+        """Whether the SuperLink lists run ``run_id`` as ``finished:...`` (False if unsure)."""
+        try:
+            runs = self.runs()
+        except subprocess.TimeoutExpired:
+            return False
+        return any(str(r.get("run-id")) == str(run_id)
+                   and str(r.get("status")).startswith("finished") for r in runs)
+
     def runs(self) -> list[dict[str, Any]]:
         """The runs the SuperLink knows (``flwr ls``)."""
         out = self.flwr("ls", "loopback", "--format", "json").stdout
         return [d for d in _records(_json(out)) if "run-id" in d]
+
+
+class LogEcho:
+    """Echo a run's streamed log to stdout, across reattached streams, printing each part once.
+
+    The first stream is ``flwr run --stream`` (its own lines, ``Successfully started run N``,
+    then the run's log); a reattached ``flwr log N --stream`` prints the run's log again from
+    its start, so only what goes beyond the text already printed is echoed.
+    """
+
+    STARTED = b"Successfully started run "
+    MARK = b"Starting logstream for run_id"
+
+    def __init__(self) -> None:
+        self.run_id: int | None = None
+        self.printed = b""  # the run's log (after the stream's MARK line) echoed so far
+        self._streams, self._head_len, self._head_done = 0, 0, False
+
+    def follow(self, path: Path, proc: subprocess.Popen[bytes], start: float,
+               timeout: float) -> None:
+        """Echo ``path`` (the output of ``proc``) until ``proc`` exits; DeployError once
+        ``timeout`` seconds have passed since ``start`` (``time.monotonic()``)."""
+        first, self._streams = self._streams == 0, self._streams + 1
+        text = b""
+        with open(path, "rb") as out:
+            while True:
+                chunk = out.read()
+                if chunk:
+                    text += chunk
+                    self._echo(text, first)
+                elif proc.poll() is not None:
+                    break
+                elif time.monotonic() - start > timeout:
+                    raise DeployError(f"flwr run: not finished within {timeout:g} s")
+                else:
+                    time.sleep(0.5)
+
+    def _echo(self, text: bytes, first: bool) -> None:
+        if self.run_id is None and self.STARTED in text:
+            tail = text.split(self.STARTED, 1)[1].split(b"\n", 1)
+            if len(tail) == 2 and tail[0].strip().isdigit():
+                self.run_id = int(tail[0].strip())
+        at = text.find(self.MARK)
+        end = text.find(b"\n", at) if at >= 0 else -1
+        if first and not self._head_done:  # flwr run's own lines, up to the MARK line
+            head = text if end < 0 else text[:end + 1]
+            self._write(head[self._head_len:])
+            self._head_len, self._head_done = len(head), end >= 0
+        if end < 0:
+            return
+        body = text[end + 1:]
+        if body.startswith(self.printed):
+            self._write(body[len(self.printed):])
+            self.printed = body
+        elif not self.printed.startswith(body):  # not the same log: show it whole
+            self._write(body)
+            self.printed = body
+
+    @staticmethod
+    def _write(data: bytes) -> None:
+        if data:
+            sys.stdout.write(data.decode(errors="replace"))
+            sys.stdout.flush()
 
 
 def leftovers(home: Path) -> list[int]:
@@ -267,7 +341,7 @@ def deploy(*, supernodes: int, port: int, node_ports: Sequence[int], home: Path,
         t0 = time.monotonic()
         link = dep.start("superlink", [
             _executable("flower-superlink"), "--insecure", "--host", HOST, "--port", str(port),
-            "--database", str(home / "state.db"), "--disable-runtime-dependency-installation"])
+            "--disable-runtime-dependency-installation"])  # state in memory: see below
         dep.wait_until(f"SuperLink on {HOST}:{port}", lambda: accepts(port), link,
                        dep.procs[-1][2])
         print(f"SuperLink accepts connections on {HOST}:{port} after "
@@ -288,18 +362,19 @@ def deploy(*, supernodes: int, port: int, node_ports: Sequence[int], home: Path,
             argv += ["--run-config", run_config]
         t_run = time.monotonic()
         run = dep.start("flwr-run", argv)
-        with open(dep.procs[-1][2], "rb") as out:  # echo the streamed log as it comes
-            while True:
-                chunk = out.read()
-                if chunk:
-                    sys.stdout.write(chunk.decode(errors="replace"))
-                    sys.stdout.flush()
-                elif run.poll() is not None:
-                    break
-                elif time.monotonic() - t_run > run_timeout:
-                    raise DeployError(f"flwr run: not finished within {run_timeout:g} s")
-                else:
-                    time.sleep(0.5)
+        echo = LogEcho()
+        echo.follow(dep.procs[-1][2], run, t_run, run_timeout)
+        attempt = 0
+        while run.returncode == 0 and echo.run_id is not None \
+                and not dep.finished(echo.run_id):
+            # Flower's log stream ends by itself when the run is quiet for a while (its
+            # HTTP read times out, e.g. while 20 ClientApps start on two cores): reattach
+            # with `flwr log` and echo only what is new.
+            attempt += 1
+            again = dep.start(f"flwr-log-{attempt}", [
+                _executable("flwr"), "log", str(echo.run_id), "loopback", "--stream"])
+            echo.follow(dep.procs[-1][2], again, t_run, run_timeout)
+            time.sleep(1.0)
         status = ""
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:  # the stream may end just before the status

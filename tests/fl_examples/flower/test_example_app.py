@@ -29,6 +29,7 @@ import privkit  # noqa: E402
 from fl_examples.flower import ClientLevelDP, PrivkitFedProx, load_federated  # noqa: E402
 from fl_examples.flower import deploy_loopback as deploy  # noqa: E402
 from fl_examples.flower.app import server_app  # noqa: E402
+from privkit.errors import InvalidParameterError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 APP = ROOT / "fl_examples" / "flower" / "app"
@@ -66,6 +67,42 @@ def test_upcycled_calibrates_for_its_odd_rounds_only():
     assert float(privkit.epsilon(privkit.SelfComposedDpEvent(dp.event, 4), 1e-5)) <= 8.0
     fixed = server_app.strategy_from_config(context(**{"noise-multiplier": 2.0}))
     assert fixed.mechanism.noise_multiplier == 2.0 and fixed.max_epsilon is None
+
+
+def test_evaluation_is_on_the_server_by_default():
+    """No evaluate messages (fraction_evaluate 0) and a server-side evaluate_fn; a bad value
+    of ``evaluation`` names it."""
+    dp = server_app.strategy_from_config(context())
+    assert dp.strategy.fraction_evaluate == 0.0
+    metrics = server_app.evaluate_fn_from_config(context())(
+        0, server_app.initial_from_config(context()))
+    assert metrics["num-examples"] > 0 and 0.0 <= metrics["accuracy"] <= 1.0
+    clients = context(evaluation="clients")
+    assert server_app.evaluate_fn_from_config(clients) is None
+    assert server_app.strategy_from_config(clients).strategy.fraction_evaluate == 1.0
+    with pytest.raises(InvalidParameterError, match="evaluation"):
+        server_app.strategy_from_config(context(evaluation="both"))
+
+
+def test_log_echo_prints_a_reattached_stream_once(tmp_path, capsys):
+    """The log stream of ``flwr run`` may end before the run does; the reattached
+    ``flwr log --stream`` repeats the run's log from its start, and only the new part is
+    echoed."""
+    mark = "INFO :      Starting logstream for run_id `42`\n"
+    first = tmp_path / "run.log"
+    first.write_text("Using SuperLink: loopback\nSuccessfully started run 42\n" + mark
+                     + "round 1\n")
+    again = tmp_path / "log.log"
+    again.write_text(mark + "round 1\nround 2\ndone\n")
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    echo = deploy.LogEcho()
+    echo.follow(first, done, time.monotonic(), 10.0)
+    assert echo.run_id == 42
+    echo.follow(again, done, time.monotonic(), 10.0)
+    out = capsys.readouterr().out
+    assert out == ("Using SuperLink: loopback\nSuccessfully started run 42\n" + mark
+                   + "round 1\nround 2\ndone\n")
 
 
 def test_taken_port_fails_in_one_line(capsys):

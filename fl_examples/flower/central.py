@@ -341,7 +341,7 @@ class ClientLevelDP(Strategy):
         synthetic = Message(content, reply_to=sent.template)
         arrays, metrics = self.strategy.aggregate_train(server_round, [synthetic])
         # the inner strategy counted one reply (the synthetic one): no real client count
-        inner = {k: v for k, v in dict(metrics or {}).items() if k != "privkit-clients"}
+        inner = {k: v for k, v in dict(metrics or {}).items() if k != keys.CLIENTS}
         return arrays, MetricRecord(inner | self._metrics())
 
     # -- evaluate (not private: passed through) ---------------------------------------------

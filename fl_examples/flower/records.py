@@ -54,6 +54,8 @@ BATCH_ORDER = "privkit-batch-order"
 SELECTED = "privkit-selected"
 SELECTED_SIZES = "privkit-selected-sizes"
 SELECTED_EPOCHS = "privkit-selected-epochs"
+#: Round metric of a privkit strategy: how many clients' replies it aggregated.
+CLIENTS = "privkit-clients"
 
 # -- roster query (node -> client id and size)
 QUERY = "privkit-query"

@@ -257,7 +257,7 @@ class PrivkitFedProx(FedProx):
         metrics = self.train_metrics_aggr_fn(
             [_without_privkit_keys(m.content) for m in valid
              if client_of.get(m.metadata.src_node_id) in got], self.weighted_by_key)
-        metrics["privkit-clients"] = len(clients)
+        metrics[keys.CLIENTS] = len(clients)
         if self._is_rec:
             metrics[keys.UPLINK_BITS] = bits
         for k, v in extra.items():

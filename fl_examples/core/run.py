@@ -174,11 +174,18 @@ class TrainerRun(abc.ABC):
     def adopt(self, pointer: LedgerPointer) -> None:
         """Check the ledger's entries after ``pointer`` against the steps about to replay.
 
+        The default knows no write-ahead charges, so it is strict: the ledger must end at
+        ``pointer`` (nothing to check without a ledger). A run that charges before it
+        checkpoints overrides it with :func:`adopt_round_charges` over its charges.
+
         Raises:
             LedgerMismatchError: the ledger lacks the pointer's entry (an older ledger).
             LedgerRollbackError: spend after the pointer that this state cannot account for.
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no ledger")
+        if self.ledger is not None:
+            adopt_round_charges(self.ledger, pointer, run_id=self.algorithm,
+                                start=self.position, window=self.position,
+                                charges=lambda t: ())
 
     # -- hooks with defaults ---------------------------------------------------------------
     def healthy(self) -> bool:

@@ -189,6 +189,18 @@ def test_charges_after_the_pointer_are_adopted_within_the_window(tmp_path):
                             charges=_charges)
 
 
+def test_default_adopt_refuses_any_spend_after_the_pointer(tmp_path):
+    """A run without its own write-ahead charges adopts nothing: spend after the checkpoint's
+    pointer is refused, never silently taken as already charged."""
+    led, after = _ledger_with(tmp_path / "a.jsonl", [1, 2])
+    run = Toy(ToyConfig())
+    run.adopt(after[1])  # no ledger: nothing to check
+    run.ledger = led
+    run.adopt(after[1])  # the ledger ends at the pointer
+    with pytest.raises(LedgerRollbackError, match="older than the ledger"):
+        run.adopt(after[0])
+
+
 def test_open_ledger_never_resets_spend(tmp_path):
     kw = dict(population_id="p", delta=1e-5)
     assert open_ledger(None, "toy", resume=False, **kw).path is None

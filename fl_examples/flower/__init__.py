@@ -5,7 +5,8 @@
   step and a privkit ledger (:class:`PrivacySettings`).
 - :class:`OutputPerturbationMod`, :class:`ObjectivePerturbationMod`, :class:`RecMod`: client
   mods applying the privkit mechanism the ledger charged (DP-REC: seed + indices, decoded by the
-  strategy), with explicit generators.
+  strategy), with explicit generators; :class:`DpSgdMod`: record-level DP-SGD in the
+  ClientApp's local training, released only when the ClientApp confirms it.
 - :class:`ClientLevelDP`: client-level DP-FedAvg around any Flower strategy (Poisson client
   sampling, clipped updates, one Gaussian draw on the sum, amplification priced by privkit,
   a privkit ledger charged before each round, ``max_epsilon`` stop).
@@ -24,13 +25,19 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from fl_examples.flower.central import ClientLevelDP
 from fl_examples.flower.client import load_federated, local_update, make_client_app
-from fl_examples.flower.mods import ObjectivePerturbationMod, OutputPerturbationMod, RecMod
+from fl_examples.flower.mods import (
+    DpSgdMod,
+    ObjectivePerturbationMod,
+    OutputPerturbationMod,
+    RecMod,
+)
 from fl_examples.flower.privacy import PrivacySettings, ServerAccountant
 from fl_examples.flower.server import central_evaluate_fn, initial_arrays, make_server_app
 from fl_examples.flower.strategy import PrivkitFedProx, UpcycledFedProx
 
 __all__ = [
     "ClientLevelDP",
+    "DpSgdMod",
     "central_evaluate_fn",
     "UpcycledFedProx",
     "PrivkitFedProx",

@@ -26,11 +26,13 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
 from fl_examples.core.data import FederatedDataset, Split, parse_dataset_spec
+from fl_examples.core.dpsgd import DpSgdSettings, local_dpsgd, steps_per_client
 from fl_examples.core.local import BatchOrder, ClientData, batch_orders, local_sgd
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.rounds import broadcast, evaluate, to_client_data
 from fl_examples.core.seeds import SeedTree
 from fl_examples.flower import records as keys
+from fl_examples.flower.mods import dpsgd_request
 from privkit.errors import InvalidParameterError
 
 __all__ = ["local_update", "roster_reply", "make_client_app", "load_federated", "make_model",
@@ -110,7 +112,8 @@ def _own_order(config: Mapping[str, Any], client: int, size: int, epochs: int,
 
 def local_update(model: Any, global_params: Mapping[str, torch.Tensor], data: ClientData,
                  config: Mapping[str, Any], *, client: int,
-                 linear_term: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                 linear_term: Mapping[str, torch.Tensor] | None = None,
+                 dpsgd: tuple[DpSgdSettings, int] | None = None) -> dict[str, torch.Tensor]:
     """One client's local solve from the global model, as the train message configures it.
 
     Args:
@@ -122,6 +125,10 @@ def local_update(model: Any, global_params: Mapping[str, torch.Tensor], data: Cl
             and the batch-order entries).
         client: this client's index.
         linear_term: objective perturbation's n (``{name: tensor}``), added to every gradient.
+        dpsgd: (settings, noise seed) from :class:`~fl_examples.flower.mods.DpSgdMod`: train
+            with record-level DP-SGD instead (:func:`fl_examples.core.dpsgd.local_dpsgd`,
+            ``epochs * ceil(n / b)`` steps on Poisson minibatches; ``batch-size`` and the
+            batch order of the config are not used then).
 
     Returns:
         The trained parameters, ``{name: tensor}`` without a client axis.
@@ -135,14 +142,23 @@ def local_update(model: Any, global_params: Mapping[str, torch.Tensor], data: Cl
         raise InvalidParameterError("config['privkit-client-size']", expected,
                                     f"this client's training size {size}")
     dev = data.x.device
+    common = dict(lr=float(config[keys.LR]), momentum=float(config[keys.MOMENTUM]),
+                  proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)))
+    if dpsgd is not None:
+        if linear_term is not None:
+            raise InvalidParameterError("dpsgd", "with linear_term", "one mechanism at a time")
+        settings, noise_seed = dpsgd
+        gen = torch.Generator(device=dev).manual_seed(int(noise_seed))
+        out = local_dpsgd(model, broadcast(dict(global_params), 1), dict(global_params), data,
+                          epochs=torch.tensor([epochs], device=dev), settings=settings,
+                          generator=gen, **common)
+        return {k: v[0] for k, v in out.items()}
     order = _own_order(config, client, size, epochs, dev)
     lin = None if linear_term is None else {k: v.unsqueeze(0) for k, v in linear_term.items()}
     out = local_sgd(model, broadcast(dict(global_params), 1), dict(global_params), data,
                     epochs=torch.tensor([epochs], device=dev),
-                    batch_size=int(config[keys.BATCH_SIZE]), lr=float(config[keys.LR]),
-                    momentum=float(config[keys.MOMENTUM]),
-                    proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)), order=order,
-                    linear_term=lin)
+                    batch_size=int(config[keys.BATCH_SIZE]), order=order, linear_term=lin,
+                    **common)
     return {k: v[0] for k, v in out.items()}
 
 
@@ -199,10 +215,15 @@ def make_client_app(*, dataset: str | None = None, seed: int | None = None,
         w_bar = keys.to_torch(msg.content.array_records[keys.ARRAYS])
         lin = (keys.to_torch(msg.content.array_records[keys.LINEAR_TERM])
                if keys.LINEAR_TERM in msg.content.array_records else None)
-        new = local_update(net, w_bar, data, config, client=cid, linear_term=lin)
+        dpsgd = dpsgd_request(msg)
+        new = local_update(net, w_bar, data, config, client=cid, linear_term=lin, dpsgd=dpsgd)
         metrics: dict[str, Any] = {keys.NUM_EXAMPLES: int(ds.train_sizes[cid])}
         if lin is not None:
             metrics[keys.LINEAR_TERM_USED] = 1
+        if dpsgd is not None:
+            metrics[keys.DPSGD_STEPS] = int(steps_per_client(
+                [int(ds.train_sizes[cid])], [int(config[keys.LOCAL_EPOCHS])],
+                dpsgd[0].batch_size)[0])
         return Message(RecordDict({keys.ARRAYS: keys.to_record(new),
                                    keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
 

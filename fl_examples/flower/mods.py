@@ -1,4 +1,5 @@
-"""Client mods: privkit's output and objective perturbation around any Flower ClientApp.
+"""Client mods: privkit's output and objective perturbation, DP-REC and record-level DP-SGD
+around any Flower ClientApp.
 
 The mods act on train messages only and fail closed: without privacy settings, or with
 settings of another kind than the mod's, a train message gets an error reply (one line naming
@@ -9,7 +10,8 @@ Where the settings come from:
 - **Any strategy** (stock Flower ``FedAvg``, ``FedProx``, ...): give them to the mod,
   ``OutputPerturbationMod(l2_clip_norm=10.0, noise_multiplier=0.5)``,
   ``ObjectivePerturbationMod(alpha=20.0, client_size=600, proximal_mu=1.0)``,
-  ``RecMod(l2_clip_norm=1.0, stddev=0.5, bits=8)`` (or ``settings=PrivacySettings(...)``).
+  ``RecMod(l2_clip_norm=1.0, stddev=0.5, bits=8)`` (or ``settings=PrivacySettings(...)``),
+  ``DpSgdMod(l2_clip_norm=1.0, noise_multiplier=1.1, batch_size=32)`` (constructor only).
   Nothing is charged on a ledger then: the stock strategy keeps none (price the releases with
   :func:`privkit.epsilon` of the mechanism's event, or use privkit's strategy).
 - **privkit's strategies** send them in every train message (``privkit-privacy-<field>``
@@ -39,12 +41,14 @@ and never divides by its norm.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 
+from fl_examples.core.dpsgd import DpSgdSettings
 from fl_examples.core.seeds import SeedTree
 from fl_examples.flower import records as keys
 from fl_examples.flower.privacy import (
@@ -57,7 +61,8 @@ from privkit import _validate
 from privkit._rng import SecureRandom
 from privkit.errors import InvalidParameterError, PrivkitError
 
-__all__ = ["OutputPerturbationMod", "ObjectivePerturbationMod", "RecMod", "MOD_FAILED"]
+__all__ = ["OutputPerturbationMod", "ObjectivePerturbationMod", "RecMod", "DpSgdMod",
+           "dpsgd_request", "MOD_FAILED"]
 
 #: Flower's error code for a mod whose precondition failed (``ErrorCode.MOD_FAILED_PRECONDITION``).
 MOD_FAILED = 6
@@ -69,6 +74,23 @@ def _error(msg: Message, mod: str, reason: str) -> Message:
 
 def _is_train(msg: Message) -> bool:
     return msg.metadata.message_type.split(".")[0] == "train"
+
+
+def _train_config(msg: Message) -> Any:
+    """The train message's single ConfigRecord (an empty one if it has none)."""
+    records = msg.content.config_records
+    if len(records) > 1:
+        raise PrivkitError("the train message must carry at most one ConfigRecord")
+    return next(iter(records.values())) if records else {}
+
+
+def _seeded(noise_seed: int, config: Any) -> Any:
+    """Stream ``noise/<client>`` of round ``server-round`` of the seed tree (experiments)."""
+    for key in (keys.CLIENT, keys.SERVER_ROUND):
+        if key not in config:
+            raise MissingSettingError(key, f"noise_seed needs the train config key {key!r}")
+    client = int(config[keys.CLIENT])
+    return SeedTree(noise_seed).numpy(int(config[keys.SERVER_ROUND]), f"noise/{client}")
 
 
 class _PrivacyMod:
@@ -148,20 +170,11 @@ class _PrivacyMod:
 
     def rng(self, config: Any, context: Context) -> Any:
         """The noise generator of this client and round."""
-        if self.noise_seed is None:
-            return SecureRandom()
-        for key in (keys.CLIENT, keys.SERVER_ROUND):
-            if key not in config:
-                raise MissingSettingError(key, f"noise_seed needs the train config key {key!r}")
-        client = int(config[keys.CLIENT])
-        return SeedTree(self.noise_seed).numpy(int(config[keys.SERVER_ROUND]), f"noise/{client}")
+        return SecureRandom() if self.noise_seed is None else _seeded(self.noise_seed, config)
 
     def config(self, msg: Message) -> Any:
         """The train message's single ConfigRecord (an empty one if it has none)."""
-        records = msg.content.config_records
-        if len(records) > 1:
-            raise PrivkitError("the train message must carry at most one ConfigRecord")
-        return next(iter(records.values())) if records else {}
+        return _train_config(msg)
 
     def mechanism(self, msg: Message) -> tuple[Any, Any, Any]:
         """(config, settings, mechanism) of a train message; raises PrivkitError if unusable."""
@@ -299,6 +312,95 @@ class RecMod(_PrivacyMod):
         reply.content[name] = ArrayRecord({keys.REC_MESSAGE: Array(payload)})
         _echo(reply, keys.UPLINK_BITS, float(message.size_bits()))
         return reply
+
+
+class DpSgdMod:
+    """Ask the ClientApp to train with record-level DP-SGD and release only if it did.
+
+    A mod cannot change how a ClientApp trains, so this one works like
+    :class:`ObjectivePerturbationMod`: before training it adds the ConfigRecord
+    ``privkit-dpsgd`` (``l2-clip-norm``, ``noise-multiplier``, ``batch-size`` and a 63-bit
+    ``noise-seed``) to the train message; the ClientApp must run DP-SGD with them (privkit's
+    ClientApp does: :func:`~fl_examples.flower.client.local_update` with ``dpsgd=``, i.e.
+    :func:`fl_examples.core.dpsgd.local_dpsgd`: Poisson minibatches at rate
+    ``min(1, b / n_i)``, each example's gradient clipped to C, ``N(0, (z C)^2)`` on the sum)
+    and report the steps it ran as the metric ``privkit-dpsgd-steps``, else the mod replaces
+    the reply with an error and the model never leaves. The reply's metrics gain
+    ``privkit-noise-multiplier``. A client with ``n_i`` records that ran ``s`` steps released
+    ``fl_examples.core.dpsgd.round_event(n_i, s, settings)`` (add/remove one record);
+    compose the rounds' events with :func:`privkit.epsilon`.
+
+    The noise seed comes from the OS CSPRNG (``secrets``) and seeds a torch generator for the
+    round's Poisson draws and noise; ``noise_seed`` takes it from the client's
+    ``noise/<client>`` stream of round ``server-round`` instead (experiments only).
+
+    Args:
+        l2_clip_norm: C, each example's gradient bound, > 0.
+        noise_multiplier: z, > 0.
+        batch_size: b, the expected minibatch size, >= 1.
+        noise_seed: reproducible noise (experiments only).
+    """
+
+    def __init__(self, *, l2_clip_norm: float, noise_multiplier: float, batch_size: int,
+                 noise_seed: int | None = None) -> None:
+        self.settings = DpSgdSettings(
+            l2_clip_norm=_validate.positive("l2_clip_norm", l2_clip_norm),
+            noise_multiplier=_validate.positive("noise_multiplier", noise_multiplier),
+            batch_size=_validate.positive_int("batch_size", batch_size))
+        self.noise_seed = None if noise_seed is None else _validate.nonnegative_int(
+            "noise_seed", noise_seed)
+
+    def _seed(self, msg: Message) -> int:
+        if self.noise_seed is None:
+            return secrets.randbits(63)
+        rng = _seeded(self.noise_seed, _train_config(msg))
+        return int.from_bytes(rng.bytes(8), "little") >> 1
+
+    def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        if not _is_train(msg):
+            return call_next(msg, context)
+        name = type(self).__name__
+        if keys.DPSGD in msg.content.config_records:
+            return _error(msg, name, f"the train message already carries {keys.DPSGD!r}")
+        try:
+            seed = self._seed(msg)
+        except PrivkitError as exc:
+            return _error(msg, name, str(exc))
+        s = self.settings
+        msg.content[keys.DPSGD] = ConfigRecord({
+            "l2-clip-norm": float(s.l2_clip_norm), "noise-multiplier": float(s.noise_multiplier),
+            "batch-size": int(s.batch_size), "noise-seed": seed})
+        reply = call_next(msg, context)
+        if reply.has_error():
+            return reply
+        metrics = list(reply.content.metric_records.values())
+        steps = metrics[0].get(keys.DPSGD_STEPS) if len(metrics) == 1 else None
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            return _error(msg, name, "the ClientApp did not confirm that it trained with "
+                          f"DP-SGD (metric {keys.DPSGD_STEPS} = its local steps); its model "
+                          "is not released")
+        _echo(reply, keys.NOISE_MULTIPLIER, float(s.noise_multiplier))
+        return reply
+
+
+def dpsgd_request(msg: Message) -> tuple[DpSgdSettings, int] | None:
+    """A train message's DP-SGD request (settings, noise seed) from :class:`DpSgdMod`, or None.
+
+    Raises:
+        InvalidParameterError: a malformed ``privkit-dpsgd`` record (names the entry).
+    """
+    if keys.DPSGD not in msg.content.config_records:
+        return None
+    rec = msg.content.config_records[keys.DPSGD]
+    try:
+        settings = DpSgdSettings(l2_clip_norm=float(rec["l2-clip-norm"]),
+                                 noise_multiplier=float(rec["noise-multiplier"]),
+                                 batch_size=int(rec["batch-size"]))
+        seed = _validate.nonnegative_int(f"{keys.DPSGD}['noise-seed']", rec["noise-seed"])
+    except KeyError as exc:
+        raise MissingSettingError(f"{keys.DPSGD}[{exc.args[0]!r}]",
+                                  "sent by DpSgdMod") from None
+    return settings, seed
 
 
 def _sent_arrays(msg: Message) -> dict[str, np.ndarray]:

@@ -71,6 +71,10 @@ STEP_EPSILON = "privkit-step-epsilon"
 #: A DP-REC reply's single array: the ``privkit.rec/1`` message bytes (uint8).
 REC_MESSAGE = "privkit-rec-message"
 UPLINK_BITS = "privkit-uplink-bits"
+#: ConfigRecord a DpSgdMod adds to a train message: DP-SGD's settings and the noise seed.
+DPSGD = "privkit-dpsgd"
+#: Reply metric of a ClientApp that trained with DP-SGD: the local steps it ran.
+DPSGD_STEPS = "privkit-dpsgd-steps"
 
 
 def to_record(params: Mapping[str, Any]) -> ArrayRecord:

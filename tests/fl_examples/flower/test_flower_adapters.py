@@ -31,6 +31,7 @@ from flwr.serverapp import ServerApp  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 
 from fl_examples.flower import (  # noqa: E402
+    DpSgdMod,
     ObjectivePerturbationMod,
     OutputPerturbationMod,
     PrivacySettings,
@@ -49,14 +50,16 @@ from privkit.ledger import Ledger  # noqa: E402
 
 SPEC, SEED, K, ROUNDS = "synthetic:0.5,0.5", 3, 3, 4
 SOLVER = dict(local_epochs=2, batch_size=16, lr=0.05, momentum=0.5, seed=SEED)
+DPSGD = dict(l2_clip_norm=1.0, noise_multiplier=0.8, batch_size=8)
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 class RecordingGrid:
-    """A Grid that records every message it sends (type and config) before passing it on."""
+    """A Grid that records every message it sends (type and config) before passing it on,
+    and every train reply's metrics."""
 
     def __init__(self, grid):
-        self._grid, self.sent = grid, []
+        self._grid, self.sent, self.train_replies = grid, [], []
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
@@ -67,7 +70,11 @@ class RecordingGrid:
             config = m.content.config_records
             cfg = dict(next(iter(config.values()))) if config else {}
             self.sent.append((m.metadata.message_type, cfg))
-        return self._grid.send_and_receive(messages, timeout=timeout)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        self.train_replies += [
+            (r.error.reason if r.has_error() else dict(r.content["metrics"]))
+            for r in replies if r.metadata.message_type.startswith("train")]
+        return replies
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +100,8 @@ def runs(tmp_path_factory):
             K, proximal_mu=1.0, lam=0.42, fraction_train=1.0, fraction_evaluate=0.0,
             privacy=PrivacySettings("rec", l2_clip_norm=1.0, stddev=0.5, bits=8),
             ledger=rec_ledger, train_action="rec", **SOLVER),
+        "dpsgd": PrivkitFedProx(K, proximal_mu=1.0, fraction_train=1.0, fraction_evaluate=0.0,
+                                train_action="dpsgd", **SOLVER),
     }
     out = {}
     app = ServerApp()
@@ -108,7 +117,8 @@ def runs(tmp_path_factory):
 
     client = make_client_app(dataset=SPEC, seed=SEED, num_clients=K,
                              train_actions={"private": [OutputPerturbationMod()],
-                                            "rec": [RecMod()]})
+                                            "rec": [RecMod()],
+                                            "dpsgd": [DpSgdMod(**DPSGD)]})
     run_simulation(app, client, num_supernodes=K, backend_config=BACKEND)
     assert set(out) == set(strategies), "the ServerApp failed (see the log above)"
     return out, path
@@ -371,3 +381,24 @@ def test_central_evaluation_equals_weighted_federated_evaluation():
     assert got["accuracy"] == pytest.approx(np.dot(accs, sizes) / n, abs=1e-12)
     assert got["loss"] == pytest.approx(np.dot(losses, sizes) / n, rel=1e-6)
     assert 0.0 < got["accuracy"] < 1.0
+
+
+def test_dpsgd_mod_behind_a_strategy_runs_dpsgd_in_the_client_app(runs):
+    """``train.dpsgd`` (the ClientApp's training behind DpSgdMod): every reply reports the
+    DP-SGD steps epochs * ceil(n / b) and the noise multiplier, and the model stays finite."""
+    from fl_examples.core.dpsgd import steps_per_client
+
+    result, grid, strategy = runs[0]["dpsgd"]
+    ds = load_federated(SPEC, SEED, K)
+    want = steps_per_client(ds.train_sizes, [SOLVER["local_epochs"]] * K,
+                            DPSGD["batch_size"]).tolist()
+    assert want and min(want) > 0
+    assert [t for t, _ in grid.sent].count("train.dpsgd") == K * ROUNDS
+    replies = grid.train_replies
+    assert len(replies) == K * ROUNDS and all(isinstance(m, dict) for m in replies), replies
+    size_steps = dict(zip(ds.train_sizes.tolist(), want))
+    for m in replies:
+        assert m[keys.NOISE_MULTIPLIER] == 0.8
+        assert m[keys.DPSGD_STEPS] == size_steps[m[keys.NUM_EXAMPLES]]
+    w = keys.to_torch(result.arrays)
+    assert all(bool(v.isfinite().all()) for v in w.values())

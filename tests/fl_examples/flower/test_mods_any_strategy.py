@@ -18,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import FedAvg, FedProx  # noqa: E402
 
 from fl_examples.flower import (  # noqa: E402
+    DpSgdMod,
     ObjectivePerturbationMod,
     OutputPerturbationMod,
     PrivacySettings,
@@ -168,3 +169,85 @@ def test_settings_differing_from_the_message_are_refused():
 def test_bad_constructor_arguments_name_the_argument(make, name):
     with pytest.raises((InvalidParameterError, MissingSettingError), match=name):
         make()
+
+
+# ------------------------------------------------------------------- record-level DP-SGD
+F, CLASSES = 2_000, 10
+
+
+def dpsgd_trainer(client_size=40):
+    """A ClientApp train function running privkit's local_update (logistic regression,
+    F features, on ``client_size`` records of zeros, so the weights' gradients vanish and the
+    bias's is clipped to C): what it releases in the weights is DP-SGD's noise alone."""
+    import torch
+
+    from fl_examples.core.local import ClientData
+    from fl_examples.core.models import MultinomialLogReg
+    from fl_examples.flower.client import local_update
+    from fl_examples.flower.mods import dpsgd_request
+
+    model = MultinomialLogReg(F, CLASSES)
+    data = ClientData(x=torch.zeros(1, client_size, F),
+                      y=torch.zeros(1, client_size, dtype=torch.long),
+                      mask=torch.ones(1, client_size, dtype=torch.bool),
+                      sizes=torch.tensor([client_size]))
+
+    def app(msg, context):
+        req = dpsgd_request(msg)
+        w = keys.to_torch(msg.content.array_records["arrays"])
+        config = dict(msg.content.config_records["config"])
+        new = local_update(model, w, data, config, client=0, dpsgd=req)
+        metrics = {"num-examples": client_size}
+        if req is not None:
+            metrics[keys.DPSGD_STEPS] = 4 * -(-client_size // req[0].batch_size)
+        return Message(RecordDict({"arrays": keys.to_record(new),
+                                   "metrics": MetricRecord(metrics)}), reply_to=msg)
+    return app
+
+
+def _dpsgd_run(mod, app):
+    grid = ModGrid(mod, app)
+    config = ConfigRecord({keys.LOCAL_EPOCHS: 4, keys.LR: 0.5, keys.MOMENTUM: 0.0,
+                           keys.BATCH_SIZE: 10})
+    zeros = {"weight": np.zeros((F, CLASSES), np.float32),
+             "bias": np.zeros(CLASSES, np.float32)}
+    FedAvg(fraction_evaluate=0.0).start(grid, keys.to_record(zeros), num_rounds=1,
+                                        train_config=config)
+    return grid.replies
+
+
+def test_dpsgd_mod_noise_has_the_dpsgd_scale():
+    """Zero gradients: the released model is -lr * sum of S steps of N(0, (zC)^2) / (q n), so
+    each coordinate has stddev lr * sqrt(S) * z * C / b (b = q n). A swapped or dropped
+    setting (clip for z, batch size for n) changes it."""
+    n, b, z, c = 40, 10, 7.0, 0.3
+    mod = DpSgdMod(l2_clip_norm=c, noise_multiplier=z, batch_size=b)
+    replies = _dpsgd_run(mod, dpsgd_trainer(n))
+    assert replies and not any(r.has_error() for r in replies)
+    steps = 4 * (n // b)
+    for r in replies:
+        out = r.content["arrays"]["weight"].numpy()
+        assert np.std(out) == pytest.approx(0.5 * np.sqrt(steps) * z * c / b, rel=0.03)
+        assert r.content["metrics"][keys.DPSGD_STEPS] == steps
+        assert r.content["metrics"][keys.NOISE_MULTIPLIER] == z
+    a, b2 = (r.content["arrays"]["weight"].numpy() for r in replies)
+    assert not np.array_equal(a, b2)  # OS-seeded: every client draws its own noise
+
+
+def test_dpsgd_mod_refuses_a_client_app_that_ignores_it():
+    reason = _reason(DpSgdMod(l2_clip_norm=1.0, noise_multiplier=1.0, batch_size=8))
+    assert "did not confirm" in reason and keys.DPSGD_STEPS in reason
+    reason = _reason(DpSgdMod(l2_clip_norm=1.0, noise_multiplier=1.0, batch_size=8,
+                              noise_seed=1))
+    assert "missing setting privkit-client" in reason
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(l2_clip_norm=-1.0, noise_multiplier=1.0, batch_size=8), "l2_clip_norm"),
+    (dict(l2_clip_norm=1.0, noise_multiplier=float("nan"), batch_size=8), "noise_multiplier"),
+    (dict(l2_clip_norm=1.0, noise_multiplier=1.0, batch_size=0), "batch_size"),
+    (dict(l2_clip_norm=1.0, noise_multiplier=1.0, batch_size=8, noise_seed=-1), "noise_seed"),
+])
+def test_dpsgd_mod_bad_arguments_name_the_argument(kw, name):
+    with pytest.raises(InvalidParameterError, match=name):
+        DpSgdMod(**kw)

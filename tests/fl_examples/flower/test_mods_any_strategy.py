@@ -251,3 +251,24 @@ def test_dpsgd_mod_refuses_a_client_app_that_ignores_it():
 def test_dpsgd_mod_bad_arguments_name_the_argument(kw, name):
     with pytest.raises(InvalidParameterError, match=name):
         DpSgdMod(**kw)
+
+
+def test_dpsgd_simulation_reports_epsilon_and_both_accuracies():
+    """The documented DP-SGD simulation, tiny: each client's epsilon is its composed rounds,
+    both runs end with an accuracy, a bad noise multiplier names it before anything runs."""
+    from fl_examples.core.dpsgd import DpSgdSettings, round_event, steps_per_client
+    from fl_examples.flower import dpsgd_simulation as sim
+    from fl_examples.flower import load_federated
+    from privkit import SelfComposedDpEvent, epsilon
+
+    with pytest.raises(InvalidParameterError, match="noise_multiplier"):
+        sim.run(noise_multiplier=-1.0)
+    res = sim.run(dataset="digits@3", clients=3, rounds=2, local_epochs=1)
+    sizes = load_federated("digits@3", 0, 3).train_sizes
+    s = DpSgdSettings(l2_clip_norm=1.0, noise_multiplier=2.05, batch_size=32)
+    steps = steps_per_client(sizes, [1] * 3, 32).tolist()
+    want = [epsilon(SelfComposedDpEvent(round_event(int(n), k, s), 2), delta=1e-5).epsilon
+            for n, k in zip(sizes, steps)]
+    assert res["epsilon_max"] == pytest.approx(max(want), rel=1e-12)
+    for label in ("dpsgd", "non-private"):
+        assert 0.0 <= res[label]["accuracy"] <= 1.0

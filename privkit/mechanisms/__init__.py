@@ -13,7 +13,14 @@ dp-accounting's own accountants where dp-accounting knows the event.
 * :class:`AdaptiveClipping` - the quantile-tracking clip norm of Andrew et al. (2021).
 """
 
-from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, AdaptiveClipping, ClientLevelGaussian
+from privkit.mechanisms.aggregate import (
+    TRUST_ASSUMPTION,
+    AdaptiveClipping,
+    ClientLevelGaussian,
+    NonFiniteUpdates,
+    floating_state,
+    unamplified_event,
+)
 from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm
 from privkit.mechanisms.gaussian import (
     GaussianOutputPerturbation,
@@ -39,6 +46,7 @@ __all__ = [
     "TRUST_ASSUMPTION",
     "GaussianOutputPerturbation",
     "LaplaceGradientNoise",
+    "NonFiniteUpdates",
     "NoiseShape",
     "ObjectivePerturbation",
     "SecureRandom",
@@ -46,6 +54,7 @@ __all__ = [
     "Solver",
     "clip_l2",
     "clip_per_example",
+    "floating_state",
     "gaussian_noise",
     "l2_laplace_noise",
     "l2_laplace_variance",
@@ -54,4 +63,5 @@ __all__ = [
     "num_coordinates",
     "trainable_parameters",
     "tree_map",
+    "unamplified_event",
 ]

@@ -7,14 +7,27 @@ the sum. Adding or removing one client moves the sum by at most ``C``, so one ro
 Gaussian mechanism with noise multiplier ``z`` under ``ADD_OR_REMOVE_ONE`` *clients*; with
 Poisson client sampling at rate ``q`` (each client independently, the outcome secret) it is
 ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, priced with amplification by
-:func:`privkit.epsilon`.
+:func:`privkit.epsilon`. Under ``REPLACE_ONE`` the sum moves by up to ``2 C``: privkit's
+convention (noise multiplier = stddev / sensitivity under the relation priced) makes the
+same noise ``GaussianDpEvent(z / 2)`` (:meth:`ClientLevelGaussian.event` with
+``neighboring_relation``).
 
-Assumption, printed in every report that uses it: **a trusted aggregator or secure
-aggregation** (the server sees only the noisy sum, not the individual updates). Without it,
-the per-client updates themselves are released and client-level DP does not hold.
+Assumption, printed in every report that uses it (:data:`TRUST_ASSUMPTION`): **a trusted
+aggregator** that sees the clipped updates, adds the noise itself and releases only the noisy
+sum. Secure aggregation alone is not enough: it would show the server the exact sum before
+any noise. The server also chooses the sample, so amplification holds only against those who
+do not know it; against the server a client that took part in ``k`` rounds has the
+unamplified epsilon of ``k`` Gaussian releases (:func:`unamplified_event`).
 
 The server then divides the noisy sum by a *fixed* number (the expected number of clients
-``q N``), never by the realised count, which would depend on who was sampled.
+``q N``), never by the realised count, which would depend on who was sampled. A client's
+update must depend only on its own data, the global model and randomness of its own (never
+on who else was sampled): otherwise adding one client could move another's update too.
+
+Non-finite updates: by default (:attr:`NonFiniteUpdates.ZERO`) a client whose update holds a
+NaN or an infinity contributes zeros, silently: an error naming it would reveal that this
+client was sampled. :attr:`NonFiniteUpdates.RAISE` raises instead (for debugging, outside any
+privacy claim).
 
 Weights: a weighted average is fine when each client's weight ``w_i`` lies in [0, 1] and is
 public (fixed before training, not computed from the data): client i contributes
@@ -23,9 +36,12 @@ public (fixed before training, not computed from the data): client i contributes
 
 :class:`AdaptiveClipping` is the quantile-based clip norm of Andrew, Thakkar, McMahan &
 Ramaswamy (NeurIPS 2021): each round the fraction of sampled clients whose update norm is at
-most ``C`` is estimated with its own Gaussian noise and ``C`` moves geometrically towards the
-target quantile. That count is a second release per round, priced as its own
-Poisson-sampled Gaussian event on the same ledger.
+most ``C`` is released with its own Gaussian noise (the count centred, so that one client
+moves it by 1/2) and ``C`` moves geometrically towards the target quantile. The count and
+the sum are computed on the *same* Poisson sample, so they are one Gaussian release with two
+noise scales: one round is ``PoissonSampledDpEvent(q, GaussianDpEvent(z_eff))`` with
+``z_eff = (z^-2 + (2 sigma_b)^-2)^-1/2`` (:meth:`AdaptiveClipping.round_event`). Charging the
+two as independently sampled events would under-report.
 
 Examples:
     >>> import numpy as np
@@ -35,11 +51,16 @@ Examples:
     >>> noisy = agg(updates, rng=np.random.default_rng(0))
     >>> noisy["w"].shape, agg.event().sampling_probability
     ((4,), 0.1)
+    >>> per_client = [{"w": np.ones(4)}, {"w": np.zeros(4)}]   # what a PyTorch loop holds
+    >>> ClientLevelGaussian.stack(per_client)["w"].shape
+    (2, 4)
 """
 
 from __future__ import annotations
 
+import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,19 +68,108 @@ import numpy as np
 
 from privkit import _validate
 from privkit.errors import InvalidParameterError
-from privkit.events import DpEvent, GaussianDpEvent, PoissonSampledDpEvent
+from privkit.events import DpEvent, GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 from privkit.mechanisms._tree import _no_grad, _torch
-from privkit.mechanisms.clipping import clip_per_example
-from privkit.mechanisms.sampling import _float_leaves, _unflatten, gaussian_noise
+from privkit.mechanisms.clipping import _clip_per_example
+from privkit.mechanisms.sampling import _float_leaves, _leaves, _unflatten, gaussian_noise
 
-__all__ = ["ClientLevelGaussian", "AdaptiveClipping", "TRUST_ASSUMPTION"]
+__all__ = ["ClientLevelGaussian", "AdaptiveClipping", "NonFiniteUpdates", "TRUST_ASSUMPTION",
+           "floating_state", "unamplified_event"]
 
 #: What client-level DP assumes about the aggregator (every report states it).
-TRUST_ASSUMPTION = ("trusted aggregator or secure aggregation: the server sees only the noisy "
-                    "sum of the clipped updates")
+TRUST_ASSUMPTION = ("trusted aggregator: the server sees the clipped updates, adds the noise "
+                    "itself and releases only the noisy sum (secure aggregation alone would "
+                    "show it the exact sum, so it is not enough)")
+
+
+class NonFiniteUpdates(enum.Enum):
+    """What :class:`ClientLevelGaussian` does with a client update holding NaN or inf."""
+
+    #: The client contributes zeros, and nothing says so (an error would reveal that this
+    #: client was sampled). Its contribution still has norm <= C: the guarantee holds.
+    ZERO = "zero"
+    #: Raise, naming the client's row (for debugging: the error itself is not covered by
+    #: any privacy claim).
+    RAISE = "raise"
+
+
+def _relation(value: Any) -> Any:
+    from privkit.events.mechanisms import NeighboringRelation
+
+    if value is None:
+        return NeighboringRelation.ADD_OR_REMOVE_ONE
+    if isinstance(value, NeighboringRelation):
+        return value
+    raise InvalidParameterError("neighboring_relation", value,
+                                "a privkit.NeighboringRelation (ADD_OR_REMOVE_ONE or REPLACE_ONE)")
+
+
+def _sampled(inner: DpEvent, q: float) -> DpEvent:
+    return inner if q == 1 else PoissonSampledDpEvent(q, inner)
+
+
+def _replace_one_multiplier(z: float, relation: Any) -> float:
+    """The noise multiplier of the same noise against the relation's sensitivity (2C under
+    replace-one: z / 2)."""
+    return z if relation.name == "ADD_OR_REMOVE_ONE" else z / 2
+
+
+def unamplified_event(noise_multiplier: float, rounds: int, *,
+                      neighboring_relation: Any = None) -> DpEvent:
+    """The event of ``rounds`` client-level Gaussian releases that one client took part in,
+    *without* amplification: what someone who knows the sample (the server that drew it)
+    can be held to. ``rounds`` >= 1.
+
+    Example:
+        >>> import privkit
+        >>> round(privkit.epsilon(unamplified_event(1.0, 5), 1e-5).epsilon, 2)
+        11.48
+    """
+    z = _validate.positive("noise_multiplier", noise_multiplier)
+    k = _validate.positive_int("rounds", rounds)
+    rel = _relation(neighboring_relation)
+    return SelfComposedDpEvent(GaussianDpEvent(_replace_one_multiplier(z, rel)), k)
+
+
+def floating_state(tree: Any) -> Any:
+    """The floating-point part of a state dict (or any dict of arrays / tensors): integer and
+    bool entries, such as BatchNorm's ``num_batches_tracked``, are dropped. An update is made
+    of these (``{k: local[k] - global[k] for k in floating_state(global)}``).
+
+    Example:
+        >>> import numpy as np
+        >>> sorted(floating_state({"w": np.zeros(2), "steps": np.array(3)}))
+        ['w']
+    """
+    if not isinstance(tree, dict):
+        raise InvalidParameterError("tree", type(tree).__name__, "a dict (e.g. a state dict)")
+    torch = _torch()
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, np.ndarray):
+            keep = v.dtype.kind == "f"
+        elif torch is not None and isinstance(v, torch.Tensor):
+            keep = v.dtype.is_floating_point
+        else:
+            raise InvalidParameterError(f"tree[{k!r}]", type(v).__name__,
+                                        "a numpy array or torch tensor")
+        if keep:
+            out[k] = v
+    return out
+
+
+def _refuse_sequence(updates: Any, name: str) -> None:
+    if isinstance(updates, (list, tuple)):
+        raise InvalidParameterError(
+            name, f"a {type(updates).__name__} of {len(updates)} entries",
+            "one tree whose every leaf holds the clients on a new axis 0 (a list of "
+            "per-client trees would have rows of weight matrices clipped as if they were "
+            "clients): use ClientLevelGaussian.stack(list_of_trees), and "
+            "privkit.mechanisms.floating_state to drop integer buffers first")
 
 
 def _rows(updates: Any, name: str) -> tuple[list[tuple[str, Any]], Any, int]:
+    _refuse_sequence(updates, name)
     leaves, spec = _float_leaves(updates, name, allow_empty=True)  # K = 0 clients is fine
     if not leaves:
         raise InvalidParameterError(name, updates, "a tree with at least one array or tensor")
@@ -74,6 +184,33 @@ def _rows(updates: Any, name: str) -> tuple[list[tuple[str, Any]], Any, int]:
             raise InvalidParameterError(path, shape, f"leading (client) dimension {k}")
     assert k is not None
     return leaves, spec, int(k)
+
+
+def _finite_rows(leaves: list[tuple[str, Any]], k: int) -> np.ndarray:
+    """(k,) bool: whether each client's row is finite in every leaf."""
+    ok = np.ones(k, dtype=bool)
+    torch = _torch()
+    for _, leaf in leaves:
+        if torch is not None and isinstance(leaf, torch.Tensor):
+            fin = torch.isfinite(leaf.detach().reshape(k, -1)).all(1).cpu().numpy()
+        else:
+            fin = np.isfinite(np.asarray(leaf).reshape(k, -1)).all(1)
+        ok &= fin
+    return ok
+
+
+def _zero_rows(leaves: list[tuple[str, Any]], bad: np.ndarray) -> list[Any]:
+    torch = _torch()
+    out = []
+    for _, leaf in leaves:
+        if torch is not None and isinstance(leaf, torch.Tensor):
+            x = leaf.detach().clone()
+            x[torch.as_tensor(bad, device=x.device)] = 0
+        else:
+            x = np.array(leaf, copy=True)
+            x[bad] = 0
+        out.append(x)
+    return out
 
 
 def _check_weights(weights: Any, k: int) -> np.ndarray:
@@ -119,20 +256,27 @@ class ClientLevelGaussian:
             coordinate.
         sampling_probability: q, the Poisson rate at which each client takes part in a
             round, in (0, 1]; 1 means every client every round (no amplification).
+        nonfinite: what a client update with NaN or inf becomes (:class:`NonFiniteUpdates`;
+            default zeros, said nowhere).
 
     Calling it on ``updates`` (a tree whose every leaf has a leading client axis of size K,
-    numpy or torch, K = 0 allowed) returns the noisy sum as a tree without that axis: noise
-    is drawn even when no client took part (the release exists either way).
+    numpy or torch, K = 0 allowed; :meth:`stack` builds it from a list of per-client trees)
+    returns the noisy sum as a tree without that axis: noise is drawn even when no client
+    took part (the release exists either way). A list or tuple of trees is refused.
     """
 
     l2_clip_norm: float
     noise_multiplier: float
     sampling_probability: float = 1.0
+    nonfinite: NonFiniteUpdates = NonFiniteUpdates.ZERO
 
     def __post_init__(self) -> None:
         _validate.positive("l2_clip_norm", self.l2_clip_norm)
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.probability("sampling_probability", self.sampling_probability)
+        if not isinstance(self.nonfinite, NonFiniteUpdates):
+            raise InvalidParameterError("nonfinite", self.nonfinite,
+                                        "a NonFiniteUpdates member (ZERO or RAISE)")
 
     @property
     def stddev(self) -> float:
@@ -141,26 +285,82 @@ class ClientLevelGaussian:
 
     @property
     def neighboring_relation(self) -> Any:
-        """The relation of the event: adding or removing one whole client."""
-        from privkit.events.mechanisms import NeighboringRelation
+        """The relation of :meth:`event`'s default: adding or removing one whole client."""
+        return _relation(None)
 
-        return NeighboringRelation.ADD_OR_REMOVE_ONE
-
-    def event(self) -> DpEvent:
-        """One round: Poisson-subsampled Gaussian (plain Gaussian when q = 1)."""
-        inner = GaussianDpEvent(float(self.noise_multiplier))
-        q = float(self.sampling_probability)
-        return inner if q == 1 else PoissonSampledDpEvent(q, inner)
+    def event(self, neighboring_relation: Any = None) -> DpEvent:
+        """One round: Poisson-subsampled Gaussian (plain Gaussian when q = 1), under
+        ``neighboring_relation`` (default add/remove one client; ``REPLACE_ONE`` prices the
+        same noise against sensitivity 2C, i.e. noise multiplier z / 2)."""
+        rel = _relation(neighboring_relation)
+        z = _replace_one_multiplier(float(self.noise_multiplier), rel)
+        return _sampled(GaussianDpEvent(z), float(self.sampling_probability))
 
     def clip(self, updates: Any) -> Any:
-        """Each client's update (row along the client axis) clipped to ``l2_clip_norm``."""
-        return clip_per_example(updates, self.l2_clip_norm)
+        """Each client's update (row along the client axis) clipped to ``l2_clip_norm``
+        (non-finite rows as :attr:`nonfinite` says)."""
+        leaves, spec, k = _rows(updates, "updates")
+        if k and self.nonfinite is NonFiniteUpdates.ZERO:
+            ok = _finite_rows(leaves, k)
+            if not ok.all():
+                updates = _unflatten(spec, iter(_zero_rows(leaves, ~ok)))
+        return _clip_per_example(updates, self.l2_clip_norm, "updates")
+
+    @staticmethod
+    def stack(trees: Sequence[Any], *, like: Any = None) -> Any:
+        """Per-client trees (e.g. state-dict deltas, all of one structure and shapes) as one
+        tree with the clients on a new axis 0, what :meth:`__call__` takes.
+
+        An empty round (no client sampled) needs ``like``, a tree of one update's shapes
+        (the global model, say): the result then has zero rows. Integer leaves are refused;
+        :func:`floating_state` drops them from a state dict.
+
+        Example:
+            >>> import numpy as np
+            >>> ClientLevelGaussian.stack([], like={"w": np.zeros(3)})["w"].shape
+            (0, 3)
+        """
+        if isinstance(trees, dict) or not isinstance(trees, Sequence) or isinstance(trees, str):
+            raise InvalidParameterError("trees", type(trees).__name__,
+                                        "a list of per-client trees")
+        torch = _torch()
+        if not trees:
+            if like is None:
+                raise InvalidParameterError("like", None, "given when trees is empty (a tree "
+                                            "of one update's shapes, e.g. the global model)")
+            leaves, spec = _float_leaves(like, "like", allow_empty=False)
+            empty = [leaf.detach().unsqueeze(0)[:0].clone()
+                     if torch is not None and isinstance(leaf, torch.Tensor)
+                     else np.zeros((0, *leaf.shape), dtype=leaf.dtype) for _, leaf in leaves]
+            return _unflatten(spec, iter(empty))
+        first, spec0 = _leaves(trees[0], "trees[0]")
+        columns: list[list[Any]] = [[] for _ in first]
+        for i, tree in enumerate(trees):
+            try:
+                leaves, spec = _float_leaves(tree, f"trees[{i}]", allow_empty=False)
+            except InvalidParameterError as exc:
+                raise InvalidParameterError(
+                    exc.name, exc.value, f"{exc.requirement} (privkit.mechanisms."
+                    "floating_state drops integer buffers from a state dict)") from None
+            if spec != spec0:
+                raise InvalidParameterError(f"trees[{i}]", "another structure",
+                                            "the structure (keys) of trees[0]")
+            for col, (path, leaf), (_, ref) in zip(columns, leaves, first):
+                if tuple(leaf.shape) != tuple(ref.shape):
+                    raise InvalidParameterError(path, tuple(leaf.shape),
+                                                f"shape {tuple(ref.shape)} like trees[0]")
+                col.append(leaf)
+        stacked = [torch.stack([t.detach() for t in col])
+                   if torch is not None and isinstance(col[0], torch.Tensor)
+                   else np.stack([np.asarray(t) for t in col]) for col in columns]
+        return _unflatten(spec0, iter(stacked))
 
     def __call__(self, updates: Any, *, rng: Any, weights: Any = None) -> Any:
         """The noisy (weighted) sum of the clipped updates.
 
         Args:
-            updates: tree of arrays or tensors with a leading client axis.
+            updates: tree of arrays or tensors with a leading client axis (not a list of
+                per-client trees: see :meth:`stack`).
             rng: ``numpy.random.Generator``, ``torch.Generator`` on the updates' device,
                 or :class:`~privkit.mechanisms.sampling.SecureRandom`.
             weights: optional public per-client weights in [0, 1] (module docstring).
@@ -189,23 +389,37 @@ class ClientLevelGaussian:
 class AdaptiveClipping:
     """The clip norm C tracks a quantile of the update norms (Andrew et al., NeurIPS 2021).
 
-    Each round releases the noisy fraction of sampled clients whose update norm is <= C:
-    ``b = (sum_i 1[||Delta_i|| <= C] + N(0, count_stddev^2)) / expected_clients``, and moves
-    ``C <- C exp(-learning_rate (b - target_quantile))``. The count has sensitivity 1 under
-    add/remove of a client, so the release is ``PoissonSampledDpEvent(q,
-    GaussianDpEvent(count_stddev))``: charge :meth:`event` every round beside the sum's event.
+    Each round releases the noisy fraction of sampled clients whose update norm is <= C,
+    centred as in the paper: ``b = (sum_i (1[||Delta_i|| <= C] - 1/2) + N(0, count_stddev^2))
+    / m + 1/2`` with ``m`` the expected number of clients (public), and moves
+    ``C <- C exp(-learning_rate (b - target_quantile))``. One client moves the centred sum by
+    1/2, so the count's noise multiplier is ``2 count_stddev``. The count and the update sum
+    are computed on the same Poisson sample: one round is one Gaussian mechanism with two
+    noise scales, ``PoissonSampledDpEvent(q, GaussianDpEvent(z_eff))`` with
+    ``z_eff = (z^-2 + (2 count_stddev)^-2)^-1/2`` (:meth:`round_event`, charged *instead of*
+    the sum's own event).
 
     Args:
         target_quantile: gamma in (0, 1), the fraction of updates to leave unclipped.
         learning_rate: eta_C > 0 of the geometric update (0.2 in the paper).
         count_stddev: sigma_b > 0, the noise on the count (the paper: expected clients / 20).
         sampling_probability: q of the clients, as for the sum.
+
+    Example:
+        >>> ac = AdaptiveClipping(0.5, count_stddev=1.0, sampling_probability=0.02)
+        >>> round(ac.joint_noise_multiplier(1.1), 4)
+        0.9638
+        >>> round(ac.sum_noise_multiplier(ac.joint_noise_multiplier(1.1)), 9)
+        1.1
     """
 
     target_quantile: float
     learning_rate: float = 0.2
     count_stddev: float = 1.0
     sampling_probability: float = 1.0
+
+    #: How far one client moves the centred count (add or remove one client).
+    COUNT_SENSITIVITY = 0.5
 
     def __post_init__(self) -> None:
         g = _validate.positive("target_quantile", self.target_quantile)
@@ -215,19 +429,58 @@ class AdaptiveClipping:
         _validate.positive("count_stddev", self.count_stddev)
         _validate.probability("sampling_probability", self.sampling_probability)
 
-    def event(self) -> DpEvent:
-        inner = GaussianDpEvent(float(self.count_stddev))
+    @property
+    def count_noise_multiplier(self) -> float:
+        """The count's noise over its sensitivity: ``count_stddev / (1/2)``."""
+        return float(self.count_stddev) / self.COUNT_SENSITIVITY
+
+    def joint_noise_multiplier(self, noise_multiplier: float) -> float:
+        """z_eff of one round whose sum has noise multiplier ``noise_multiplier``."""
+        z = _validate.positive("noise_multiplier", noise_multiplier)
+        return (z ** -2 + self.count_noise_multiplier ** -2) ** -0.5
+
+    def sum_noise_multiplier(self, joint_noise_multiplier: float) -> float:
+        """The sum's z that gives the round the joint multiplier ``joint_noise_multiplier``.
+
+        Raises:
+            InvalidParameterError: naming ``noise_multiplier`` when the count's noise alone
+                leaves no room (z_eff >= 2 count_stddev: no z reaches it).
+        """
+        zj = _validate.positive("noise_multiplier", joint_noise_multiplier)
+        zc = self.count_noise_multiplier
+        if not zj < zc:
+            raise InvalidParameterError(
+                "noise_multiplier", zj, f"a joint noise multiplier below {zc:.6g}, the "
+                f"adaptive-clipping count's own (2 x count stddev {self.count_stddev:.6g}): "
+                "with adaptive clipping no update noise reaches this epsilon; raise the "
+                "count's stddev or the target epsilon")
+        return (zj ** -2 - zc ** -2) ** -0.5
+
+    def round_event(self, mechanism: ClientLevelGaussian, neighboring_relation: Any = None
+                    ) -> DpEvent:
+        """The one event of a round: the sum of ``mechanism`` and this count, released on
+        the same sample (under ``neighboring_relation``, default add/remove one client;
+        replace-one doubles both sensitivities)."""
+        if not isinstance(mechanism, ClientLevelGaussian):
+            raise InvalidParameterError("mechanism", type(mechanism).__name__,
+                                        "the round's ClientLevelGaussian")
         q = float(self.sampling_probability)
-        return inner if q == 1 else PoissonSampledDpEvent(q, inner)
+        if float(mechanism.sampling_probability) != q:
+            raise InvalidParameterError(
+                "sampling_probability", q, f"the mechanism's ({mechanism.sampling_probability}): "
+                "the count and the sum are computed on the same sample")
+        rel = _relation(neighboring_relation)
+        z = self.joint_noise_multiplier(float(mechanism.noise_multiplier))
+        return _sampled(GaussianDpEvent(_replace_one_multiplier(z, rel)), q)
 
     def update(self, clip: float, norms: Any, *, expected_clients: float, rng: Any) -> float:
-        """The next clip norm from this round's update norms (one noisy release)."""
+        """The next clip norm from this round's update norms (the count's noise drawn once)."""
         c = _validate.positive("clip", clip)
+        m = _validate.positive("expected_clients", expected_clients)
         n = np.asarray(norms.detach().cpu() if hasattr(norms, "detach") else norms,
                        dtype=np.float64).reshape(-1)
-        if not np.isfinite(n).all():
-            raise InvalidParameterError("norms", "non-finite values", "finite update norms")
-        below = float((n <= c).sum())
+        # a non-finite norm (a zeroed update's, say) counts as above the clip norm
+        centred = float(np.where(np.isfinite(n) & (n <= c), 0.5, -0.5).sum())
         torch = _torch()
         if torch is not None and isinstance(rng, torch.Generator):
             like: Any = torch.zeros(1, dtype=torch.float64, device=rng.device)
@@ -235,5 +488,5 @@ class AdaptiveClipping:
             like = np.zeros(1)
         z = gaussian_noise(like, float(self.count_stddev), rng=rng)
         z0 = float(z.reshape(-1)[0])
-        noisy = (below + z0) / _validate.positive("expected_clients", expected_clients)
+        noisy = (centred + z0) / m + 0.5
         return c * math.exp(-float(self.learning_rate) * (noisy - float(self.target_quantile)))

@@ -7,12 +7,24 @@ import math
 import numpy as np
 import pytest
 import torch
+from dp_accounting.dp_event import GaussianDpEvent as DpaG
+from dp_accounting.dp_event import PoissonSampledDpEvent as DpaP
+from dp_accounting.dp_event import SelfComposedDpEvent as DpaS
+from dp_accounting.pld import pld_privacy_accountant
 from scipy import stats
 
 import privkit
 from privkit.errors import InvalidParameterError
 from privkit.events import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
-from privkit.mechanisms import AdaptiveClipping, ClientLevelGaussian, l2_norm
+from privkit.events.mechanisms import NeighboringRelation
+from privkit.mechanisms import (
+    AdaptiveClipping,
+    ClientLevelGaussian,
+    NonFiniteUpdates,
+    floating_state,
+    l2_norm,
+    unamplified_event,
+)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -90,11 +102,6 @@ def test_event_is_the_one_priced_and_amplification_only_when_sampled():
 
 def test_epsilon_matches_dp_accounting_directly():
     """The round event priced by privkit and by dp-accounting's PLD agree (privkit <= +1%)."""
-    from dp_accounting.dp_event import GaussianDpEvent as DpaG
-    from dp_accounting.dp_event import PoissonSampledDpEvent as DpaP
-    from dp_accounting.dp_event import SelfComposedDpEvent as DpaS
-    from dp_accounting.pld import pld_privacy_accountant
-
     agg = ClientLevelGaussian(l2_clip_norm=0.5, noise_multiplier=1.0, sampling_probability=0.05)
     ours = privkit.epsilon(SelfComposedDpEvent(agg.event(), 500), 1e-5,
                            neighboring_relation=agg.neighboring_relation).epsilon
@@ -135,11 +142,62 @@ def test_bad_updates_and_weights_name_the_argument():
         agg({"a": np.zeros((2, 3))}, rng=rng, weights=[0.5, 1.5])
     with pytest.raises(InvalidParameterError, match="weights"):
         agg({"a": np.zeros((2, 3))}, rng=rng, weights=[0.5])
-    with pytest.raises(InvalidParameterError):
-        agg({"a": np.array([[np.nan, 0.0]])}, rng=rng)
+    with pytest.raises(InvalidParameterError, match=r"updates\['a'\]\[0\]"):
+        ClientLevelGaussian(1.0, 1.0, nonfinite=NonFiniteUpdates.RAISE)(
+            {"a": np.array([[np.nan, 0.0]])}, rng=rng)
+    with pytest.raises(InvalidParameterError, match="nonfinite"):
+        ClientLevelGaussian(1.0, 1.0, nonfinite="zero")
 
 
-def test_adaptive_clipping_moves_towards_the_quantile_and_prices_its_count():
+def test_a_non_finite_update_contributes_zeros_and_no_error():
+    """The default: an error naming the client would reveal that it was sampled."""
+    agg = ClientLevelGaussian(l2_clip_norm=1.0, noise_multiplier=1e-12)
+    ups = {"a": np.array([[np.nan, 1.0], [3.0, 4.0]]), "b": np.array([[0.0], [0.0]])}
+    out = agg(ups, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(out["a"], [0.6, 0.8], atol=1e-9)  # only the finite client
+    t = {"a": torch.tensor([[1.0, float("inf")], [0.0, 2.0]])}
+    out_t = agg(t, rng=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out_t["a"], torch.tensor([0.0, 1.0]), atol=1e-6, rtol=0)
+
+
+def test_a_list_of_per_client_trees_is_refused_and_stack_builds_the_tree():
+    agg = ClientLevelGaussian(l2_clip_norm=1.0, noise_multiplier=1.0)
+    rng = np.random.default_rng(0)
+    per_client = [{"w": np.ones((3, 2)), "b": np.ones(3)} for _ in range(3)]
+    with pytest.raises(InvalidParameterError, match=r"stack\(list_of_trees\)"):
+        agg(per_client, rng=rng)  # the leaves share a leading size 3: rows are not clients
+    with pytest.raises(InvalidParameterError, match="stack"):
+        agg.clip(tuple(per_client))
+    stacked = ClientLevelGaussian.stack(per_client)
+    assert stacked["w"].shape == (3, 3, 2) and stacked["b"].shape == (3, 3)
+    assert agg(stacked, rng=rng)["w"].shape == (3, 2)
+    tt = ClientLevelGaussian.stack([{"w": torch.ones(2)}, {"w": torch.zeros(2)}])
+    assert tt["w"].shape == (2, 2) and isinstance(tt["w"], torch.Tensor)
+    empty = ClientLevelGaussian.stack([], like={"w": torch.zeros(2, 5)})
+    assert empty["w"].shape == (0, 2, 5)
+    assert agg(empty, rng=torch.Generator().manual_seed(0))["w"].shape == (2, 5)
+    with pytest.raises(InvalidParameterError, match="like"):
+        ClientLevelGaussian.stack([])
+    with pytest.raises(InvalidParameterError, match="structure"):
+        ClientLevelGaussian.stack([{"w": np.ones(2)}, {"v": np.ones(2)}])
+    with pytest.raises(InvalidParameterError, match="shape"):
+        ClientLevelGaussian.stack([{"w": np.ones(2)}, {"w": np.ones(3)}])
+    with pytest.raises(InvalidParameterError, match="floating_state"):
+        ClientLevelGaussian.stack([{"w": np.ones(2), "n": np.array([1])}] * 2)
+    state = {"w": torch.ones(2), "num_batches_tracked": torch.tensor(3)}
+    assert list(floating_state(state)) == ["w"]
+    assert len(ClientLevelGaussian.stack([floating_state(state)] * 2)["w"]) == 2
+
+
+def test_replace_one_prices_the_same_noise_against_twice_the_sensitivity():
+    agg = ClientLevelGaussian(l2_clip_norm=1.0, noise_multiplier=2.0, sampling_probability=0.1)
+    assert agg.event(NeighboringRelation.REPLACE_ONE) == PoissonSampledDpEvent(
+        0.1, GaussianDpEvent(1.0))
+    e = privkit.epsilon(unamplified_event(1.0, 5), 1e-5).epsilon
+    assert e == pytest.approx(11.48, abs=0.01)  # q 0.05, z 1, T 100: a client in 5 rounds
+
+
+def test_adaptive_clipping_moves_towards_the_quantile():
     ac = AdaptiveClipping(target_quantile=0.5, learning_rate=0.2, count_stddev=1e-9,
                           sampling_probability=0.1)
     norms = np.linspace(0.1, 10.0, 100)  # median ~5
@@ -148,8 +206,62 @@ def test_adaptive_clipping_moves_towards_the_quantile_and_prices_its_count():
     for _ in range(200):
         c = ac.update(c, norms, expected_clients=100, rng=rng)
     assert 4.0 < c < 6.0
-    assert ac.event() == PoissonSampledDpEvent(0.1, GaussianDpEvent(1e-9))
     with pytest.raises(InvalidParameterError, match="target_quantile"):
         AdaptiveClipping(target_quantile=1.0)
-    with pytest.raises(InvalidParameterError, match="norms"):
-        ac.update(1.0, [float("nan")], expected_clients=1, rng=rng)
+    # a non-finite norm counts as above the clip norm (no error that would name a client)
+    ac2 = AdaptiveClipping(target_quantile=0.5, learning_rate=1.0, count_stddev=1e-12)
+    up = ac2.update(1.0, [float("nan"), 0.5], expected_clients=2, rng=rng)
+    assert up == pytest.approx(1.0)  # one of two below: fraction 1/2 = the target
+
+
+def test_adaptive_clipping_is_one_release_with_the_sum_and_priced_jointly():
+    """The issue's run: q 0.02 over 1000 clients, z 1.1, count stddev qN/20 = 1, 10 rounds.
+    The count and the sum use the same sample: one Gaussian with sensitivities (C, 1/2)."""
+    q, z, rounds = 0.02, 1.1, 10
+    mech = ClientLevelGaussian(1.0, z, q)
+    ac = AdaptiveClipping(0.5, count_stddev=q * 1000 / 20, sampling_probability=q)
+    z_eff = (z ** -2 + (2 * 1.0) ** -2) ** -0.5
+    ev = ac.round_event(mech)
+    assert ev == PoissonSampledDpEvent(q, GaussianDpEvent(pytest.approx(z_eff, rel=1e-12)))
+    ours = privkit.epsilon(SelfComposedDpEvent(ev, rounds), 1e-5).epsilon
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(DpaS(DpaP(q, DpaG(z_eff)), rounds))
+    theirs = acc.get_epsilon(1e-5)
+    assert ours >= theirs * (1 - 1e-3)
+    # the old charge (two independently sampled events) was below the joint price
+    separate = privkit.epsilon(privkit.ComposedDpEvent([
+        SelfComposedDpEvent(mech.event(), rounds),
+        SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(2.0)), rounds)]),
+        1e-5).epsilon
+    assert separate < theirs * 0.9
+    # replace-one doubles both sensitivities
+    assert ac.round_event(mech, NeighboringRelation.REPLACE_ONE) == PoissonSampledDpEvent(
+        q, GaussianDpEvent(pytest.approx(z_eff / 2, rel=1e-12)))
+    with pytest.raises(InvalidParameterError, match="sampling_probability"):
+        ac.round_event(ClientLevelGaussian(1.0, z, 0.5))
+
+
+def test_adaptive_clipping_sensitivity_of_the_joint_release_is_one_over_z_eff():
+    """Pre-noise, scaled by each part's noise: adding one client moves the pair by <= 1/z_eff."""
+    rng = np.random.default_rng(3)
+    c, z, sb = 1.0, 0.8, 0.7
+    ac = AdaptiveClipping(0.5, count_stddev=sb)
+    mech = ClientLevelGaussian(c, z)
+    for _ in range(50):
+        ups = rng.normal(size=(6, 4)) * rng.uniform(0.1, 3.0, size=(6, 1))
+
+        def release(rows, ups=ups):
+            clipped = mech.clip({"u": ups[rows]})["u"]
+            norms = np.linalg.norm(ups[rows], axis=1)
+            count = np.where(norms <= c, 0.5, -0.5).sum()
+            return np.concatenate([clipped.sum(0) / (z * c), [count / sb]])
+
+        move = np.linalg.norm(release(list(range(6))) - release(list(range(5))))
+        assert move <= 1 / ac.joint_noise_multiplier(z) * (1 + 1e-9)
+
+
+def test_adaptive_clipping_refuses_a_joint_noise_its_count_cannot_leave_room_for():
+    ac = AdaptiveClipping(0.5, count_stddev=0.5)  # the count alone: multiplier 1.0
+    with pytest.raises(InvalidParameterError, match="noise_multiplier"):
+        ac.sum_noise_multiplier(1.0)
+    assert ac.sum_noise_multiplier(0.5) == pytest.approx((0.5 ** -2 - 1.0) ** -0.5)

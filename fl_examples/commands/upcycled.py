@@ -63,27 +63,31 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                         "sum once, Poisson client sampling at --client-rate); record: DP-SGD in "
                         "local training (per-example clip --clip, Poisson minibatches of "
                         "expected size --batch-size); output/objective: the paper's mechanisms")
-    p.add_argument("--sensitivity", default="replace-one",
+    p.add_argument("--sensitivity", default=None,
                    choices=["replace-one", "paper", "strongly-convex"],
-                   help="output perturbation: 2*tau (default, any model), tau/|D_i| (the "
-                        "paper's Thm C.1 assumption), or the strongly convex bound")
-    p.add_argument("--clip", type=float, default=10.0,
+                   help="output perturbation: 2*tau (default replace-one, any model), "
+                        "tau/|D_i| (the paper's Thm C.1 assumption), or the strongly convex "
+                        "bound")
+    p.add_argument("--clip", type=float, default=None,
                    help="output: tau, the model's L2 clip norm; client: C, each update's L2 "
-                        "clip norm; record: C, each example gradient's")
-    p.add_argument("--noise-multiplier", type=float, default=1.0,
-                   help="z for client/record: noise stddev = z * --clip")
+                        "clip norm; record: C, each example gradient's (default 10)")
+    p.add_argument("--noise-multiplier", type=float, default=None,
+                   help="z for client/record: noise stddev = z * --clip (default 1; refused "
+                        "with --noise-for-epsilon, which calibrates it)")
     p.add_argument("--client-rate", type=float, default=None,
                    help="q for client: each client joins a data round with probability q "
                         "(default: --fraction)")
-    p.add_argument("--server-lr", type=float, default=1.0,
-                   help="client: server learning rate on the noisy mean update")
-    p.add_argument("--server-momentum", type=float, default=0.0,
-                   help="client: server momentum (DP-FedAvg with momentum)")
+    p.add_argument("--server-lr", type=float, default=None,
+                   help="client: server learning rate on the noisy mean update (default 1)")
+    p.add_argument("--server-momentum", type=float, default=None,
+                   help="client: server momentum (DP-FedAvg with momentum; default 0)")
     p.add_argument("--adaptive-clip", type=float, default=None, metavar="QUANTILE",
                    help="client: track this quantile of the update norms (Andrew et al. "
-                        "2021); the noisy count is charged too")
-    p.add_argument("--sigma", type=float, default=1.0, help="output noise stddev (absolute)")
-    p.add_argument("--alpha", type=float, default=20.0, help="objective perturbation rate")
+                        "2021); the noisy count and the sum are one release, priced jointly")
+    p.add_argument("--sigma", type=float, default=None,
+                   help="output noise stddev (absolute; default 1)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="objective perturbation rate (default 20)")
     p.add_argument("--lipschitz", type=float, default=None,
                    help="u1 for --sensitivity strongly-convex (default: sqrt(2 (R^2 + 1)) from "
                         "--feature-norm R; a smaller value is refused)")
@@ -98,8 +102,17 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-for-epsilon", type=float, default=None,
                    help="calibrate --sigma / --alpha / --noise-multiplier so the run ends at "
                         "this epsilon")
-    p.add_argument("--noise-target", default="mean", choices=["mean", "max"],
-                   help="--noise-for-epsilon targets the clients' mean or max epsilon")
+    p.add_argument("--noise-target", default=None, choices=["mean", "max"],
+                   help="--noise-for-epsilon targets the clients' max (default) or mean "
+                        "epsilon (output, objective, record; client level has one epsilon)")
+    p.add_argument("--secure-noise", action="store_true",
+                   help="draw client sampling, minibatch sampling and noise from the OS "
+                        "CSPRNG (without it a private run is a seeded simulation: its "
+                        "guarantee holds only against someone who does not know --seed)")
+    p.add_argument("--eval-client-data", action="store_true",
+                   help="a private run also evaluates on the clients' training and test data "
+                        "(by default only on the public held-out set); those metrics are "
+                        "listed as not covered by its epsilon")
     p.add_argument("--allow-unproven", action="store_true",
                    help="run objective perturbation outside Thm C.2 (epsilon marked NOT PROVEN)")
     p.add_argument("--baseline-iterations", default="auto", choices=["auto", "half", "same"],
@@ -131,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         adaptive_clip=args.adaptive_clip,
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
-        baseline_iterations=args.baseline_iterations,
+        baseline_iterations=args.baseline_iterations, secure_noise=args.secure_noise,
+        eval_client_data=args.eval_client_data,
     )
     compare = tuple(c for c in args.compare.split(",") if c)
     res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=args.algorithm)

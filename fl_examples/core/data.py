@@ -32,8 +32,8 @@ from fl_examples.core.dataset import partition_iid as partition_iid
 from privkit import _validate as v
 from privkit.errors import InvalidParameterError
 
-__all__ = ["SyntheticPreset", "synthetic", "digits", "breast_cancer", "parse_dataset_spec",
-           "DATASET_SPEC_FORMS"]
+__all__ = ["SyntheticPreset", "synthetic", "heldout_clients", "digits", "breast_cancer",
+           "parse_dataset_spec", "DATASET_SPEC_FORMS"]
 
 # ---------------------------------------------------------------------------------------------
 # FedProx synthetic data
@@ -154,6 +154,23 @@ def synthetic(
         x = means_x[i] + std_x * gen.standard_normal((int(sizes[i]), d))
         y = np.argmax(x @ w + b, axis=1)
         data.append(_train_test(x, y, gen))
+    # The public held-out set: all records of further clients drawn by the same recipe,
+    # after the population (whose draws are unchanged), so no client of it holds them.
+    h = heldout_clients(k_clients)
+    h_sizes = gen.lognormal(4.0, 2.0, h).astype(np.int64) + 50
+    if max_client_size is not None:
+        h_sizes = np.minimum(h_sizes, max_client_size)
+    hx, hy = [], []
+    for i in range(h):
+        if iid:
+            v_i, w, b = np.zeros(d), w_global, b_global
+        else:
+            u_i, b_i = gen.normal(0.0, alpha), gen.normal(0.0, beta)
+            v_i = gen.normal(b_i, 1.0, d)
+            w, b = gen.normal(u_i, 1.0, (d, c)), gen.normal(u_i, 1.0, c)
+        x = v_i + std_x * gen.standard_normal((int(h_sizes[i]), d))
+        hx.append(x)
+        hy.append(np.argmax(x @ w + b, axis=1))
 
     assumptions = [
         "alpha and beta are standard deviations (the authors' code), not variances",
@@ -173,11 +190,24 @@ def synthetic(
         "recipe": "fedprox_synthetic_iid" if iid else "fedprox_synthetic",
         "reference": "litian96/FedProx data/synthetic_*/generate_synthetic.py, generate_iid.py",
         "parameters": params, "preset": preset.value, "seed": seed, "assumptions": assumptions,
+        "heldout": f"all {int(h_sizes.sum())} records of {h} further clients drawn by the same "
+                   "recipe after the population (no client of it holds them); public",
     }  # fmt: skip
     ids = [f"f_{i:05d}" for i in range(k_clients)]
     return FederatedDataset.from_splits(
-        ids, data, num_features=d, num_classes=c, description=description
+        ids, data, num_features=d, num_classes=c, description=description,
+        heldout=(np.concatenate(hx), np.concatenate(hy)),
     )
+
+
+def heldout_clients(num_clients: int) -> int:
+    """How many further clients make the synthetic data's held-out set: a tenth of the
+    population, at least 10 and at most 100.
+
+    >>> heldout_clients(30), heldout_clients(2000)
+    (10, 100)
+    """
+    return min(100, max(10, math.ceil(num_clients / 10)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +278,8 @@ def breast_cancer(*, rng: np.random.Generator | int, num_clients: int = 10) -> F
         "parameters": {"num_clients": k_clients, "partition": "iid",
                        "train_fraction": TRAIN_FRACTION},
         "preprocessing": "standardised with the pooled mean and std of all rows",
+        "data_dependent_preprocessing": "features standardised with the mean and std of all "
+                                        "rows, the clients' included",
         "feature_l2_bound": None,
         "assumptions": ["standardisation statistics are data-dependent (not for DP claims)"],
     }  # fmt: skip

@@ -23,6 +23,7 @@ from privkit.errors import InvalidParameterError, PrivkitError
 __all__ = [
     "DataFormatError", "FederatedDataset", "PaddedClients", "Split", "class_assignment",
     "partition_by_classes", "partition_iid", "from_partition", "TRAIN_FRACTION",
+    "POOLED_HELDOUT",
 ]  # fmt: skip
 
 TRAIN_FRACTION = 0.9
@@ -101,7 +102,15 @@ class FederatedDataset:
         x_train, y_train, x_test, y_test: one array per client (tuples, indexable by client).
         num_features: feature dimension d.
         num_classes: number of classes C.
-        description: JSON-able dict (recipe, parameters, seed, preset, assumptions).
+        description: JSON-able dict (recipe, parameters, seed, preset, assumptions); its
+            ``heldout`` entry says where the held-out set comes from.
+        x_heldout, y_heldout: the **public held-out set** (None: the data set has none):
+            records that no client of the population holds, on which a private run may
+            evaluate without spending privacy (:mod:`fl_examples.core.release`). The loaders
+            make it from records held back from every client's share of a common pool (the
+            pooled test split of digits, breast cancer and MNIST) or from further clients
+            drawn by the same recipe (synthetic data); LEAF has none (its test rows belong to
+            the training users).
 
     Example:
         >>> import numpy as np
@@ -123,6 +132,8 @@ class FederatedDataset:
     num_features: int
     num_classes: int
     description: dict[str, Any] = field(default_factory=dict)
+    x_heldout: np.ndarray | None = None
+    y_heldout: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         d = v.positive_int("num_features", self.num_features)
@@ -144,6 +155,15 @@ class FederatedDataset:
             pairs = [_client_arrays(f"{split}[{i}]", *xy, d, c) for i, xy in enumerate(zip(xs, ys))]
             set_(self, f"x_{split}", tuple(p[0] for p in pairs))
             set_(self, f"y_{split}", tuple(p[1] for p in pairs))
+        if (self.x_heldout is None) != (self.y_heldout is None):
+            raise InvalidParameterError("x_heldout", "one of x_heldout / y_heldout",
+                                        "both given or neither")
+        if self.x_heldout is not None:
+            hx, hy = _client_arrays("heldout", self.x_heldout, self.y_heldout, d, c)
+            if len(hy) == 0:
+                raise InvalidParameterError("x_heldout", "no rows", "at least one row, or None")
+            set_(self, "x_heldout", hx)
+            set_(self, "y_heldout", hy)
         if self.train_sizes.sum() == 0:
             raise InvalidParameterError("x_train", "no samples", "at least one training sample")
         try:
@@ -160,12 +180,53 @@ class FederatedDataset:
         num_features: int,
         num_classes: int,
         description: dict[str, Any],
+        heldout: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> FederatedDataset:
-        """Build from one ``(x_train, y_train, x_test, y_test)`` tuple per client."""
+        """Build from one ``(x_train, y_train, x_test, y_test)`` tuple per client (and the
+        public held-out set, if any)."""
         x_tr, y_tr, x_te, y_te = (tuple(t[j] for t in splits) for j in range(4))
+        hx, hy = heldout if heldout is not None else (None, None)
         return cls(
-            tuple(client_ids), x_tr, y_tr, x_te, y_te, num_features, num_classes, description
+            tuple(client_ids), x_tr, y_tr, x_te, y_te, num_features, num_classes, description,
+            hx, hy,
         )
+
+    @property
+    def has_heldout(self) -> bool:
+        """Whether a public held-out set exists (:attr:`x_heldout`)."""
+        return self.x_heldout is not None
+
+    def heldout_padded(self, rows: int = 256) -> PaddedClients:
+        """The held-out set as :class:`PaddedClients` of ``rows`` records each (the last one
+        padded), so that it evaluates in chunks like the clients' data.
+
+        Raises:
+            InvalidParameterError: the data set has no held-out set.
+        """
+        if self.x_heldout is None or self.y_heldout is None:
+            raise InvalidParameterError("dataset", self.description.get("recipe"),
+                                        "a data set with a public held-out set")
+        n = len(self.y_heldout)
+        k = -(-n // rows)
+        x = np.zeros((k * rows, self.num_features), dtype=np.float32)
+        y = np.zeros(k * rows, dtype=np.int64)
+        x[:n], y[:n] = self.x_heldout, self.y_heldout
+        mask = np.arange(k * rows) < n
+        sizes = np.minimum(rows, np.maximum(0, n - rows * np.arange(k))).astype(np.int64)
+        return PaddedClients(x.reshape(k, rows, -1), y.reshape(k, rows), mask.reshape(k, rows),
+                             sizes)
+
+    def with_pooled_test_heldout(self, note: str) -> FederatedDataset:
+        """This data set whose held-out set is every client's test split pooled: for loaders
+        whose test rows are held back from a common pool (never a client's own records).
+        ``note`` says so in ``description['heldout']``."""
+        import dataclasses
+
+        x, y = self.pooled(Split.TEST)
+        if len(y) == 0:
+            return self
+        return dataclasses.replace(self, x_heldout=x, y_heldout=y,
+                                   description=dict(self.description) | {"heldout": note})
 
     @property
     def num_clients(self) -> int:
@@ -334,4 +395,11 @@ def from_partition(
     ids = [f"c_{i:05d}" for i in range(len(parts))]
     return FederatedDataset.from_splits(
         ids, data, num_features=x.shape[1], num_classes=num_classes, description=description
-    )
+    ).with_pooled_test_heldout(POOLED_HELDOUT)
+
+
+POOLED_HELDOUT = (
+    "the test split pooled: the 10% of every client's share of the pool that the loader holds "
+    "back (no client holds or trains on these records); public"
+)
+"""``description['heldout']`` of the loaders whose held-out set is the pooled test split."""

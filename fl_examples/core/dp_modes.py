@@ -30,14 +30,21 @@ import torch
 import privkit
 from fl_examples.core.dpsgd import DpSgdSettings, round_event, steps_per_client
 from fl_examples.core.privacy import BudgetStop
+from fl_examples.core.rounds import client_uniforms
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.events.mechanisms import NeighboringRelation
 from privkit.ledger import Ledger
-from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, AdaptiveClipping, ClientLevelGaussian
+from privkit.mechanisms.aggregate import (
+    TRUST_ASSUMPTION,
+    AdaptiveClipping,
+    ClientLevelGaussian,
+    unamplified_event,
+)
 
 __all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "server_step", "grouped",
-           "calibrate_record", "epsilon_section", "POPULATION"]
+           "calibrate_record", "epsilon_section", "replace_one_epsilons", "POPULATION"]
 
 #: The ledger id of client-level DP: every client's guarantee is the population's.
 POPULATION = "population"
@@ -112,7 +119,8 @@ class ClientDpPlan:
         l2_clip_norm: C (the initial C with ``adaptive``).
         noise_multiplier: z of the sum.
         server_lr, server_momentum: the server optimiser applied to the noisy mean update.
-        adaptive: quantile-tracking clip norm (its count is a second release per round).
+        adaptive: quantile-tracking clip norm (its noisy count and the sum are one release a
+            round, priced jointly).
     """
 
     kind = "client"
@@ -145,31 +153,50 @@ class ClientDpPlan:
         return ClientLevelGaussian(self.l2_clip_norm if clip is None else clip,
                                    self.noise_multiplier, self.client_rate)
 
-    def select(self, tree: SeedTree, data_round: int) -> np.ndarray:
-        """Poisson sampling: each client independently with probability q (sorted ids)."""
-        u = tree.numpy(data_round, "poisson-clients").random(self.num_clients)
+    def round_event(self, neighboring_relation: Any = None) -> Any:
+        """The one event of a data round: the sum's, or with ``adaptive`` the sum and the
+        count released on the same sample (one Gaussian, joint noise multiplier)."""
+        if self.adaptive is not None:
+            return self.adaptive.round_event(self.mechanism(), neighboring_relation)
+        return self.mechanism().event(neighboring_relation)
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """z of the round's Gaussian (z_eff with ``adaptive``)."""
+        if self.adaptive is not None:
+            return self.adaptive.joint_noise_multiplier(self.noise_multiplier)
+        return float(self.noise_multiplier)
+
+    def select(self, tree: SeedTree, data_round: int, rng: Any = None) -> np.ndarray:
+        """Poisson sampling: each client independently with probability q (sorted ids), from
+        ``rng`` (a :class:`privkit.SecureRandom`) or else the seed tree."""
+        if rng is not None:
+            u = np.asarray(rng.uniform(self.num_clients), dtype=np.float64)
+        else:  # client c's draw depends on its id alone (not on N or anyone else's)
+            u = client_uniforms(tree, data_round, "poisson-clients",
+                                np.arange(self.num_clients), 1)[:, 0]
         return np.flatnonzero(u < self.client_rate)
 
     def entries(self, data_round: int, sel: Any = None, epochs: Any = None
                 ) -> list[tuple[str, Any]]:
-        out = [(POPULATION, self.mechanism().event())]
-        if self.adaptive is not None:
-            out.append((POPULATION, self.adaptive.event()))
-        return grouped(out)
+        return [(POPULATION, self.round_event())]
 
     @torch.no_grad()
     def release(self, w: dict[str, torch.Tensor], local: dict[str, torch.Tensor],
-                state: dict[str, Any], generator: torch.Generator) -> dict[str, torch.Tensor]:
+                state: dict[str, Any], generator: Any) -> dict[str, torch.Tensor]:
         """The new global model from the sampled clients' local models (K may be 0).
 
-        ``state`` holds the server's clip norm (``clip``) and momentum buffer (``momentum``)
-        and is updated in place."""
+        ``generator``: a ``torch.Generator`` on the models' device or a
+        :class:`privkit.SecureRandom`. ``state`` holds the server's clip norm (``clip``)
+        and momentum buffer (``momentum``) and is updated in place. A non-finite update
+        contributes zeros (:class:`privkit.mechanisms.NonFiniteUpdates`), said nowhere."""
         clip = float(state.get("clip", self.l2_clip_norm))
         delta = {k: local[k] - w[k].unsqueeze(0) for k in w}
         mech = self.mechanism(clip)
         if self.adaptive is not None:
             k = next(iter(delta.values())).shape[0]
-            norms = torch.zeros(k, dtype=torch.float64, device=generator.device)
+            dev = next(iter(w.values())).device
+            norms = torch.zeros(k, dtype=torch.float64, device=dev)
             for v in delta.values():
                 norms += v.reshape(k, -1).to(torch.float64).pow(2).sum(1)
             state["clip"] = self.adaptive.update(clip, norms.sqrt(),
@@ -179,6 +206,13 @@ class ClientDpPlan:
         mean = {k: noisy[k] / self.expected_clients for k in w}
         return server_step(w, mean, state, lr=self.server_lr, momentum=self.server_momentum)
 
+    def public(self) -> list[str]:
+        """What the guarantee treats as public (the report says so)."""
+        return [f"N = {self.num_clients}: the number of clients",
+                f"q = {self.client_rate:g} and the divisor q N = {self.expected_clients:g} "
+                "(the expected number of clients per round, never the realised one)",
+                "the number of data rounds"]
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "mechanism": "client_level_gaussian (DP-FedAvg)", "privacy_unit": "client",
@@ -186,19 +220,48 @@ class ClientDpPlan:
             "noise_stddev_of_sum": self.noise_multiplier * self.l2_clip_norm,
             "client_rate": self.client_rate, "expected_clients": self.expected_clients,
             "server_lr": self.server_lr, "server_momentum": self.server_momentum,
+            "neighboring_relation": "add_or_remove_one client", "trust": TRUST_ASSUMPTION,
             "assumptions": [TRUST_ASSUMPTION, "Poisson client sampling whose outcome stays "
-                            "secret (amplification used)", "add or remove one whole client"]}
+                            "secret from everyone but the server (amplification used; "
+                            "epsilon_unamplified holds against the server)",
+                            "add or remove one whole client"]}
         if self.adaptive is not None:
             out["adaptive_clipping"] = {
                 "target_quantile": self.adaptive.target_quantile,
                 "learning_rate": self.adaptive.learning_rate,
-                "count_stddev": self.adaptive.count_stddev}
+                "count_stddev": self.adaptive.count_stddev,
+                "count": "centred (one client moves it by 1/2); released with the sum on the "
+                         "same sample: one Gaussian per round",
+                "joint_noise_multiplier": self.effective_noise_multiplier}
         return out
+
+    def _unamplified(self, rounds: int, delta: float) -> dict[str, Any]:
+        """Epsilon against someone who knows the sample: a client's own rounds composed,
+        no amplification, at public participation counts (the expected ceil(q T), and every
+        round)."""
+        k_exp = max(1, math.ceil(self.client_rate * rounds)) if rounds else 0
+        z = self.effective_noise_multiplier
+
+        def eps(k: int) -> float:
+            return privkit.epsilon(unamplified_event(z, k), delta).epsilon if k else 0.0
+
+        return {"expected_participations": k_exp, "epsilon_at_expected": eps(k_exp),
+                "every_round": rounds, "epsilon_every_round": eps(rounds),
+                "note": "against anyone who knows which clients took part (the server that "
+                        "sampled them): a client in k rounds has the epsilon of k Gaussian "
+                        "releases, without amplification"}
 
     def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
         out = epsilon_section(ledger, [POPULATION]) | self.describe()
-        out["charged_rounds"] = int(sum(n for _, n in ledger.composition(POPULATION).atoms))
+        rounds = int(sum(n for _, n in ledger.composition(POPULATION).atoms))
+        out["charged_rounds"] = rounds
         out["per_client"] = [out["epsilon_max"]] * num_clients  # the population's, for each
+        ro = NeighboringRelation.REPLACE_ONE
+        out["epsilon_replace_one"] = privkit.epsilon(
+            privkit.SelfComposedDpEvent(self.round_event(ro), rounds), out["delta"],
+            neighboring_relation=ro).epsilon if rounds else 0.0
+        out["epsilon_unamplified"] = self._unamplified(rounds, out["delta"])
+        out["public"] = self.public()
         return out
 
 
@@ -228,8 +291,18 @@ class RecordDpPlan:
                 "l2_clip_norm": s.l2_clip_norm, "noise_multiplier": s.noise_multiplier,
                 "expected_batch_size": s.batch_size,
                 "sampling_rate_per_client": [min(1.0, s.batch_size / n) for n in self.sizes],
+                "neighboring_relation": "add_or_remove_one record",
                 "assumptions": ["Poisson-sampled local minibatches whose outcome stays "
-                                "secret (amplification used)", "add or remove one record"]}
+                                "secret (amplification used)", "add or remove one record",
+                                "every client's record count n_i is public (it sets the "
+                                "sampling rate b/n_i and the steps): epsilon_replace_one is "
+                                "the relation that keeps n_i fixed"]}
+
+    @staticmethod
+    def public() -> list[str]:
+        return ["n_i: every client's record count (sampling rates b/n_i, steps, aggregation "
+                "weights)", "N, and which clients take part in each round (record-level DP "
+                "protects records, not participation)"]
 
     def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
         ids = [str(i) for i in range(num_clients)]
@@ -238,7 +311,38 @@ class RecordDpPlan:
         out["per_client"] = [eps[i] for i in ids]
         out["charged_steps"] = [int(sum(n for _, n in ledger.composition(i).atoms))
                                 for i in ids]
+        ro = replace_one_epsilons(ledger, ids, out["delta"])
+        out["epsilon_replace_one_mean"] = float(np.mean(ro))
+        out["epsilon_replace_one_max"] = float(np.max(ro))
+        out["public"] = self.public()
         return out
+
+
+def replace_one_epsilons(ledger: Ledger, ids: list[str], delta: float) -> np.ndarray:
+    """Each client's epsilon with its ledger's Gaussian (or Poisson-sampled Gaussian) atoms
+    priced under replace-one: the same noise against twice the sensitivity (z / 2)."""
+    ro = NeighboringRelation.REPLACE_ONE
+    events = []
+    for cid in ids:
+        atoms = [(_halve(a), n) for a, n in ledger.composition(cid).atoms]
+        events.append(privkit.ComposedDpEvent([privkit.SelfComposedDpEvent(a, n)
+                                               for a, n in atoms]) if atoms else None)
+    live = [e for e in events if e is not None]
+    eps = iter(privkit.epsilon_batch(live, delta, neighboring_relation=ro) if live else [])
+    return np.array([0.0 if e is None else float(next(eps)) for e in events])
+
+
+def _halve(event: Any) -> Any:
+    """``event`` (Gaussian, Poisson-sampled Gaussian or a self-composition of them) with every
+    Gaussian's noise multiplier halved (privkit's replace-one convention)."""
+    if isinstance(event, privkit.GaussianDpEvent):
+        return privkit.GaussianDpEvent(event.noise_multiplier / 2)
+    if isinstance(event, privkit.PoissonSampledDpEvent):
+        return privkit.PoissonSampledDpEvent(event.sampling_probability, _halve(event.event))
+    if isinstance(event, privkit.SelfComposedDpEvent):
+        return privkit.SelfComposedDpEvent(_halve(event.event), event.count)
+    raise InvalidParameterError("event", type(event).__name__,
+                                "a Gaussian or Poisson-sampled Gaussian event")
 
 
 def calibrate_record(counts: Sequence[int], sizes: Sequence[int], *, target: float,

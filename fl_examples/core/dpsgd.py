@@ -130,6 +130,18 @@ def _poisson_rows(u: Tensor, q: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return order, w
 
 
+def _draws(generator: Any, u_shape: Any, noise_shape: Any, dev: Any) -> tuple[Tensor, Tensor]:
+    """One step's Poisson uniforms then standard normals, float64 on ``dev``, from a
+    ``torch.Generator`` or a :class:`privkit.SecureRandom` (the OS CSPRNG)."""
+    if isinstance(generator, torch.Generator):
+        u = torch.rand(u_shape, generator=generator, device=dev, dtype=torch.float64)
+        return u, torch.randn(noise_shape, generator=generator, device=dev, dtype=torch.float64)
+    u_np = generator.uniform(tuple(u_shape))
+    z_np = generator.gaussian(1.0, tuple(noise_shape))  # the hardened sampler
+    return (torch.as_tensor(u_np, dtype=torch.float64, device=dev),
+            torch.as_tensor(z_np, dtype=torch.float64, device=dev))
+
+
 @torch.no_grad()
 def local_dpsgd(model: Any, params: dict[str, Tensor], w_bar: dict[str, Tensor],
                 data: ClientData, *, epochs: Tensor, settings: DpSgdSettings, lr: float,
@@ -140,7 +152,8 @@ def local_dpsgd(model: Any, params: dict[str, Tensor], w_bar: dict[str, Tensor],
     Args:
         params: (K, ...) starting parameters per client; w_bar: the global model (no axis).
         epochs: (K,) expected passes per client (0: the client does nothing).
-        generator: draws the Poisson minibatches and the noise, in that order per step.
+        generator: draws the Poisson minibatches and the noise, in that order per step: a
+            ``torch.Generator`` on the data's device or a :class:`privkit.SecureRandom`.
     """
     _check(model, data)
     shapes = model.parameter_shapes()
@@ -157,8 +170,7 @@ def local_dpsgd(model: Any, params: dict[str, Tensor], w_bar: dict[str, Tensor],
     total = int(steps.max()) if k else 0
     for s in range(total):
         active = steps > s
-        u = torch.rand(data.mask.shape, generator=generator, device=dev, dtype=torch.float64)
-        noise = torch.randn((k, d), generator=generator, device=dev, dtype=torch.float64)
+        u, noise = _draws(generator, data.mask.shape, (k, d), dev)
         noise.mul_(stddev)
         rows, w = _poisson_rows(u, q, data.mask)
         g = _noisy_step_grads(model, theta.to(dtype), data, rows, w, settings,
@@ -190,8 +202,8 @@ def local_dpsgd_reference(model: Any, params: dict[str, Tensor], w_bar: dict[str
     buf = torch.zeros_like(theta)
     stddev = settings.noise_multiplier * settings.l2_clip_norm
     for s in range(int(steps.max()) if k else 0):
-        u = torch.rand(data.mask.shape, generator=generator, device=dev, dtype=torch.float64)
-        noise = torch.randn((k, d), generator=generator, device=dev, dtype=torch.float64) * stddev
+        u, noise = _draws(generator, data.mask.shape, (k, d), dev)
+        noise = noise * stddev
         for i in range(k):
             if s >= int(steps[i]):
                 continue

@@ -231,4 +231,5 @@ def load_mnist(
         num_features=x.shape[1],
         num_classes=10,
         description=description,
-    )
+    ).with_pooled_test_heldout("the t10k files (dealt to the clients' test splits, which no "
+                               "client trains on; MNIST's own held-out set); public")

@@ -447,6 +447,9 @@ def load_leaf(
         }
     if kind is LeafKind.SENT140_TOKENS:
         description["vocab_size"] = len(vocab) + 2
+        description["data_dependent_preprocessing"] = (
+            "the vocabulary (and vocab_size, distinct_training_words) comes from the clients' "
+            "training tweets")
         description["seq_len"] = seq_len
         description["tokenizer"] = {
             "name": "sent140_word_ids",

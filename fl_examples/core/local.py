@@ -41,6 +41,7 @@ __all__ = [
     "BatchOrder",
     "pad_clients",
     "batch_orders",
+    "client_batch_orders",
     "local_sgd",
     "local_sgd_reference",
 ]
@@ -147,6 +148,40 @@ def batch_orders(sizes: Tensor, epochs: Tensor, *, generator: torch.Generator) -
     return _draw_orders(sizes, epochs, host[:k], host[k:], generator)
 
 
+def client_batch_orders(
+    sizes: Tensor, epochs: Tensor, generators: Sequence[torch.Generator]
+) -> BatchOrder:
+    """Like :func:`batch_orders`, but client i's orders come from ``generators[i]`` alone.
+
+    Client i's block is exactly ``batch_orders([n_i], [e_i], generator=generators[i])``: it
+    does not depend on which other clients are in the call, their sizes or their epochs
+    (client-level DP needs that: adding one client must not change another's update). One
+    small draw per client, then one sort for all.
+
+    Example:
+        >>> gs = [torch.Generator().manual_seed(s) for s in (1, 2)]
+        >>> both = client_batch_orders(torch.tensor([3, 2]), torch.tensor([1, 2]), gs)
+        >>> alone = batch_orders(torch.tensor([2]), torch.tensor([2]),
+        ...                      generator=torch.Generator().manual_seed(2))
+        >>> both.order[3:].tolist() == alone.order.tolist()
+        True
+    """
+    sizes, epochs = sizes.long(), epochs.to(sizes.device).long()
+    host = torch.cat([sizes, epochs]).tolist()
+    k = sizes.numel()
+    if len(generators) != k:
+        raise InvalidParameterError("generators", len(generators), f"one per client ({k})")
+    sizes_h, epochs_h = host[:k], host[k:]
+    for name, vals in (("sizes", sizes_h), ("epochs", epochs_h)):
+        if any(v < 0 for v in vals):
+            raise InvalidParameterError(name, min(vals), "integers >= 0 in every entry")
+    dev = sizes.device
+    parts = [torch.rand(n * e, generator=g, device=dev, dtype=torch.float64)
+             for n, e, g in zip(sizes_h, epochs_h, generators)]
+    u = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=dev)
+    return _orders_from(sizes, epochs, sizes_h, epochs_h, u)
+
+
 def _draw_orders(
     sizes: Tensor,
     epochs: Tensor,
@@ -158,6 +193,17 @@ def _draw_orders(
     dev = sizes.device
     if generator.device.type != dev.type:
         raise InvalidParameterError("generator", generator.device, f"a generator on {dev}")
+    total = sum(n * e for n, e in zip(sizes_h, epochs_h))
+    u = torch.rand(total, generator=generator, device=dev, dtype=torch.float64) if total \
+        else torch.zeros(0, dtype=torch.float64, device=dev)
+    return _orders_from(sizes, epochs, sizes_h, epochs_h, u)
+
+
+def _orders_from(
+    sizes: Tensor, epochs: Tensor, sizes_h: list[int], epochs_h: list[int], u: Tensor
+) -> BatchOrder:
+    """The permutations that sort ``u`` within every (client, epoch) segment."""
+    dev = sizes.device
     counts = sizes * epochs
     offsets = torch.cumsum(counts, 0) - counts
     total = sum(n * e for n, e in zip(sizes_h, epochs_h))
@@ -168,7 +214,6 @@ def _draw_orders(
         torch.arange(seg_len.numel(), device=dev), seg_len, output_size=total
     )
     seg_start = torch.cumsum(seg_len, 0) - seg_len
-    u = torch.rand(total, generator=generator, device=dev, dtype=torch.float64)
     pos = torch.argsort(seg_id.to(torch.float64) + u)  # keys distinct with probability ~1
     return BatchOrder(pos - seg_start[seg_id], offsets)
 

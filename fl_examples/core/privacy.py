@@ -77,8 +77,10 @@ def clip_features(ds: Any, feature_norm: float) -> Any:
         raise AssertionError("feature clipping did not converge")
 
     desc = dict(ds.description) | {"feature_norm_clip": r}
+    held = {} if ds.x_heldout is None else {"x_heldout": clip(ds.x_heldout)}
     return dataclasses.replace(ds, x_train=tuple(clip(x) for x in ds.x_train),
-                               x_test=tuple(clip(x) for x in ds.x_test), description=desc)
+                               x_test=tuple(clip(x) for x in ds.x_test), description=desc,
+                               **held)
 
 
 class BudgetStop(Exception):

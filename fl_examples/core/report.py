@@ -84,15 +84,48 @@ def write_report(out_dir: str | Path, config: Mapping[str, Any],
     path = out / "report.json"
     atomic_write_bytes(path, json.dumps(body, indent=1, allow_nan=False).encode("utf-8"))
     if plots:
-        plot_histories(out, {n: r.get("history", []) for n, r in algorithms.items()}, note=note)
+        plot_histories(out, {n: r.get("history", []) for n, r in algorithms.items()}, note=note,
+                       labels={n: legend_label(n, r) for n, r in algorithms.items()})
     return path
+
+
+def legend_label(name: str, entry: Mapping[str, Any]) -> str:
+    """``name``, with the epsilon of a private run: every private figure says how private."""
+    p = entry.get("privacy") or {}
+    eps = p.get("epsilon_max", p.get("epsilon_central"))
+    if isinstance(eps, (int, float)) and p.get("non_private") is not True:
+        return f"{name} (ε ≤ {eps:.3g}, δ = {p.get('delta', 0):.0e})"
+    return name
+
+
+#: The panels a history can have, in the order drawn: (key, title). A panel is drawn when
+#: every history has its key (and not only NaN values); a private run's rows hold the held-out
+#: metrics only (fl_examples.core.release).
+PANELS = (("train_loss", "train loss"), ("heldout_loss", "held-out loss"),
+          ("train_accuracy", "train accuracy"), ("test_accuracy", "test accuracy"),
+          ("heldout_accuracy", "held-out accuracy"))
+
+
+def _panels(histories: Mapping[str, list[Mapping[str, Any]]]) -> list[tuple[str, str]]:
+    present = [h for h in histories.values() if h]
+    out = []
+    for key, title in PANELS:
+        if not present or not all(key in h[0] for h in present):
+            continue
+        values = [r.get(key) for h in present for r in h]
+        if any(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            out.append((key, title))
+    if any(k == "train_loss" for k, _ in out):  # a non-private run: the held-out loss is
+        out = [p for p in out if p[0] != "heldout_loss"]  # the fourth panel's companion
+    return out
 
 
 def plot_histories(
     out_dir: str | Path, histories: Mapping[str, list[Mapping[str, Any]]], *,
-    note: str | None = None,
+    note: str | None = None, labels: Mapping[str, str] | None = None,
 ) -> list[Path]:
-    """Loss and accuracy against each x axis the histories have, one line per algorithm.
+    """Loss and accuracy against each x axis the histories have, one line per algorithm
+    (labelled by ``labels``, e.g. with its epsilon; :data:`PANELS` says which metrics).
 
     Always iteration and wall time; also data rounds (``data_rounds``: the iterations that
     trained on client data, so client computation; Upcycled-FL's even iterations are free),
@@ -110,15 +143,21 @@ def plot_histories(
         present = [h for h in histories.values() if h]
         if not present or not all(x_key in h[0] for h in present):
             continue
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        panels = _panels(histories)
+        if not panels:
+            continue
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6),
+                                 squeeze=False)
+        axes = axes[0]
         for name, hist in histories.items():
             if not hist:
                 continue
             xs = [h[x_key] for h in hist]
-            axes[0].plot(xs, [h["train_loss"] for h in hist], label=name)
-            axes[1].plot(xs, [h["train_accuracy"] for h in hist], label=name)
-            axes[2].plot(xs, [h["test_accuracy"] for h in hist], label=name)
-        for ax, title in zip(axes, ("train loss", "train accuracy", "test accuracy")):
+            label = (labels or {}).get(name, name)
+            for ax, (key, _) in zip(axes, panels):
+                ax.plot(xs, [h[key] if h.get(key) is not None else float("nan") for h in hist],
+                        label=label)
+        for ax, (_, title) in zip(axes, panels):
             ax.set_xlabel(x_label)
             if log_x:
                 ax.set_xscale("log")

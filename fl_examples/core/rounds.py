@@ -24,6 +24,9 @@ __all__ = [
     "select",
     "sample_clients",
     "straggler_epochs",
+    "independent_straggler_epochs",
+    "client_uniforms",
+    "client_orders",
     "aggregate",
     "evaluate",
     "broadcast",
@@ -86,6 +89,74 @@ def straggler_epochs(tree: SeedTree, data_round: int, num_selected: int, straggl
             e = int(rng.uniform() * local_epochs) if local_epochs > 1 else 1
         epochs[i] = e
     return epochs, strag
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 words (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def client_uniforms(tree: SeedTree, data_round: int, stream: str, clients: Any,
+                    count: int) -> np.ndarray:
+    """``(len(clients), count)`` uniforms in [0, 1): row i depends only on the seed, the round,
+    the stream and client ``clients[i]``'s id (a counter-based hash, no shared generator), so
+    a client's draws never depend on who else is drawn for, or on the population size.
+
+    Example:
+        >>> t = SeedTree(0)
+        >>> a = client_uniforms(t, 1, "x", [3], 2)
+        >>> b = client_uniforms(t, 1, "x", [1, 3, 7], 2)
+        >>> bool((a[0] == b[1]).all())
+        True
+    """
+    keys = tree.sequence(data_round, stream).generate_state(count, np.uint64)
+    ids = _splitmix64(np.asarray(clients, dtype=np.uint64).reshape(-1, 1))
+    words = _splitmix64(ids ^ keys.reshape(1, -1))
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def independent_straggler_epochs(tree: SeedTree, data_round: int, clients: np.ndarray,
+                                 straggler_fraction: float, local_epochs: int
+                                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(epochs per client in ``clients``, straggler mask), each client's drawn on its own.
+
+    In every data round each client gets a straggler flag (probability ``straggler_fraction``)
+    and a straggler's epoch count (uniform on 1 .. E-1, the law of :func:`straggler_epochs`'
+    redraw rule; 1 when E = 1) from :func:`client_uniforms`: whether client j straggles, and
+    how much it works, never depends on who else was sampled or on the population's size
+    (under client-level DP, adding client i must not change client j's update). The expected
+    share of stragglers is ``straggler_fraction`` (:func:`straggler_epochs` fixes their
+    number at round(s K) of the K sampled instead).
+
+    Example:
+        >>> t = SeedTree(0)
+        >>> a, _ = independent_straggler_epochs(t, 1, np.array([3]), 0.5, 20)
+        >>> b, _ = independent_straggler_epochs(t, 1, np.array([1, 3, 7]), 0.5, 20)
+        >>> int(a[0]) == int(b[1])
+        True
+    """
+    sel = np.asarray(clients, dtype=np.int64)
+    u = client_uniforms(tree, data_round, "stragglers-per-client", sel, 2)
+    strag = u[:, 0] < straggler_fraction
+    spare = 1 + np.floor(u[:, 1] * (local_epochs - 1)).astype(np.int64) \
+        if local_epochs > 1 else np.ones(len(sel), dtype=np.int64)
+    epochs = np.where(strag, spare, local_epochs).astype(np.int64)
+    return epochs, strag
+
+
+def client_orders(tree: SeedTree, data_round: int, clients: Any, sizes: Tensor,
+                  epochs: Tensor, device: torch.device) -> Any:
+    """Batch orders of ``clients`` in ``data_round``, each from its own stream
+    ``batches/<client id>`` (the Flower clients' ``per-client`` order): a client's local
+    training never depends on who else was sampled."""
+    from fl_examples.core.local import client_batch_orders
+
+    gens = [tree.torch(data_round, f"batches/{int(c)}", device) for c in clients]
+    return client_batch_orders(sizes, epochs, gens)
 
 
 def aggregate(stacked: dict[str, Tensor], weights: Tensor) -> dict[str, Tensor]:

@@ -25,7 +25,8 @@ answers a small protocol:
 
 :func:`drive` is the loop they share: restore or adopt on resume, evaluate every
 ``eval_every`` steps and at the end, checkpoint every ``checkpoint_every`` steps, stop early
-for tests, and stop a diverging run (:class:`TrainingDivergedError`: the training loss is not
+for tests, and stop a diverging run (:class:`TrainingDivergedError`: the watched loss, the
+training loss or a private run's held-out loss (:attr:`TrainerRun.loss_key`), is not
 finite, or more than :func:`max_loss_factor` times its first evaluated value; the CLI's
 ``--max-loss-factor``, default :data:`DEFAULT_MAX_LOSS_FACTOR`). :func:`open_ledger` opens
 the run's ledger in the output directory (never reset) and :func:`adopt_round_charges` is the
@@ -90,18 +91,20 @@ def max_loss_factor(factor: float) -> Iterator[float]:
 
 def _check_loss(run: TrainerRun, row: dict[str, Any]) -> dict[str, Any]:
     """Raise :class:`TrainingDivergedError` if ``row``'s training loss shows divergence."""
-    loss = row.get("train_loss")
+    key = run.loss_key
+    loss = row.get(key)
     if not isinstance(loss, (int, float)):
         return row
+    what = key.replace("_", " ")
     where = f"{run.algorithm}: training diverged at iteration {row.get('iteration', '?')}"
     if not math.isfinite(loss):
-        raise TrainingDivergedError(f"{where}: train loss {loss}; lower --lr (the step size)")
-    first = run.history[0].get("train_loss") if run.history else None
+        raise TrainingDivergedError(f"{where}: {what} {loss}; lower --lr (the step size)")
+    first = run.history[0].get(key) if run.history else None
     factor = _MAX_LOSS_FACTOR.get()
     if isinstance(first, (int, float)) and math.isfinite(first) and first > 0 \
             and loss > factor * first:
         raise TrainingDivergedError(
-            f"{where}: train loss {loss:.4g} is more than {factor:g} x its first value "
+            f"{where}: {what} {loss:.4g} is more than {factor:g} x its first value "
             f"{first:.4g} (--max-loss-factor); lower --lr (the step size)")
     return row
 
@@ -135,6 +138,9 @@ class TrainerRun(abc.ABC):
     ledger: Ledger | None = None
     stopped: str | None = None
     device: Any = "cpu"
+    #: The history loss that the divergence stop and the progress bar watch (a private run
+    #: watches its held-out loss: :attr:`fl_examples.core.release.Publication.loss_key`).
+    loss_key: str = "train_loss"
 
     # -- the protocol ----------------------------------------------------------------------
     @property
@@ -203,9 +209,10 @@ class TrainerRun(abc.ABC):
 
     def postfix(self, row: dict[str, Any]) -> dict[str, str]:
         """What the progress bar shows after an evaluation."""
-        out = {"loss": f"{row['train_loss']:.4g}"}
-        if "test_accuracy" in row:
-            out["acc"] = f"{row['test_accuracy']:.3f}"
+        out = {"loss": f"{row[self.loss_key]:.4g}"} if self.loss_key in row else {}
+        acc = "heldout_accuracy" if self.loss_key == "heldout_loss" else "test_accuracy"
+        if acc in row:
+            out["acc"] = f"{row[acc]:.3f}"
         if "epsilon" in row:
             out["eps"] = f"{row['epsilon']:.3g}"
         return out
@@ -286,7 +293,7 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
     False) ends the loop with a final evaluation.
 
     Raises:
-        TrainingDivergedError: after an evaluation whose training loss is not finite or
+        TrainingDivergedError: after an evaluation whose watched loss is not finite or
             exceeds :func:`max_loss_factor` times the first one, or when
             :meth:`TrainerRun.healthy` says the model is not finite.
     """
@@ -406,9 +413,15 @@ Charge = tuple[int, str, int, str]
 
 def adopt_round_charges(ledger: Ledger, pointer: LedgerPointer, *, run_id: str, start: int,
                         window: int, charges: Callable[[int], Sequence[Charge]],
-                        step_name: str = "round") -> dict[int, set[str]]:
+                        step_name: str = "round", replays_identically: bool = True
+                        ) -> dict[int, set[str]]:
     """Match the ledger's entries after ``pointer`` with the write-ahead charges of the steps
     ``start + 1 .. window``, in order; returns ``{round: client ids already charged}``.
+
+    With ``replays_identically=False`` (noise from the OS CSPRNG: a replayed step draws fresh
+    noise, so its release is new) the entries must each be a charge of one of those steps
+    (several crashes may have left several attempts), they stay spent, and nothing is
+    adopted: the replay charges again.
 
     ``charges(t)`` lists the entries step ``t`` writes (none for a step that touches no data);
     a crash may cut a step's charges anywhere. Charges are written before a step releases
@@ -422,6 +435,10 @@ def adopt_round_charges(ledger: Ledger, pointer: LedgerPointer, *, run_id: str, 
             checkpoint existed, or another run's spend): the state is older than the ledger.
     """
     pending = ledger.entries_since(pointer)
+    if not replays_identically:
+        _check_attempts(ledger, pointer, pending, run_id=run_id, start=start, window=window,
+                        charges=charges, step_name=step_name)
+        return {}
 
     def rollback(entry: dict[str, Any]) -> LedgerRollbackError:
         return LedgerRollbackError(
@@ -445,6 +462,22 @@ def adopt_round_charges(ledger: Ledger, pointer: LedgerPointer, *, run_id: str, 
             adopted.setdefault(round_, set()).add(cid)
             i += 1
     return adopted
+
+
+def _check_attempts(ledger: Ledger, pointer: LedgerPointer, pending: Sequence[dict[str, Any]],
+                    *, run_id: str, start: int, window: int,
+                    charges: Callable[[int], Sequence[Charge]], step_name: str) -> None:
+    """Each entry after ``pointer`` is a charge of one of the steps ``start + 1 .. window``."""
+    allowed = {c for t in range(start + 1, window + 1) for c in charges(t)}
+    for e in pending:
+        key = (e.get("round"), e.get("client_id"), e.get("count"),
+               canonical_json(e.get("event")))
+        if not (e.get("kind") == "spend" and e.get("run_id") == run_id and key in allowed):
+            raise LedgerRollbackError(
+                f"{run_id}: the checkpoint at {step_name} {start} (ledger seq {pointer.seq}) "
+                f"is older than the ledger (head seq {ledger.head().seq}): entry "
+                f"{e.get('seq')} is not a charge of the {step_name}s up to the next "
+                "checkpoint; resume from the latest checkpoint (spend is never rolled back)")
 
 
 # ------------------------------------------------------------------------- settings

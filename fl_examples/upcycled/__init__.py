@@ -24,6 +24,7 @@ from typing import Any
 
 from fl_examples.core.data import parse_dataset_spec
 from fl_examples.core.privacy import clip_features
+from fl_examples.core.release import check_heldout
 from fl_examples.core.report import Column, text_table, write_report
 from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, extrapolation
 from fl_examples.upcycled.privacy import planned_releases
@@ -47,6 +48,7 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
         if name not in ALGORITHMS:
             raise InvalidParameterError("compare", name, f"one of {', '.join(ALGORITHMS)}")
     ds = parse_dataset_spec(cfg.dataset, seed=cfg.seed)
+    check_heldout(cfg.privacy != "none", ds.has_heldout, cfg.eval_client_data, cfg.dataset)
     if cfg.feature_norm is not None:
         ds = clip_features(ds, cfg.feature_norm)
     out_path = Path(out) if out is not None else None
@@ -65,16 +67,33 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
         results[name]["_model"] = res["model"]
     config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
                                         "dataset_description": ds.description,
-                                        "num_clients": ds.num_clients}
+                                        "num_clients": ds.num_clients} | _calibrated(results)
     if out_path is not None:
         write_report(out_path, config, results)
     return {"config": config, "algorithms": results}
+
+
+def _calibrated(results: dict[str, Any]) -> dict[str, Any]:
+    """The calibrated noise parameter, per algorithm, where the configuration left it to
+    ``noise_for_epsilon``: the report's configuration holds the values the run used."""
+    out: dict[str, dict[str, float]] = {}
+    for name, r in results.items():
+        cal = r.get("privacy", {}).get("calibrated")
+        if cal:
+            out.setdefault(cal["parameter"], {})[name] = cal["value"]
+    return out
 
 
 _COLUMNS = (Column("algorithm", 10), Column("iters", 6), Column("data rounds", 11),
             Column("train loss", 10, ".4f"), Column("train acc", 9, ".4f"),
             Column("test acc", 8, ".4f"), Column("wall s", 8, ".2f"),
             Column("client s", 8, ".2f"))
+_METRICS = ("train_loss", "train_accuracy", "test_accuracy")
+#: A private run's table: the held-out metrics (public data), not the clients'.
+_PRIVATE_COLUMNS = (Column("algorithm", 10), Column("iters", 6), Column("data rounds", 11),
+                    Column("heldout loss", 12, ".4f"), Column("heldout acc", 11, ".4f"),
+                    Column("wall s", 8, ".2f"), Column("client s", 8, ".2f"))
+_PRIVATE_METRICS = ("heldout_loss", "heldout_accuracy")
 
 
 def _privacy_detail(p: dict[str, Any]) -> str:
@@ -85,30 +104,54 @@ def _privacy_detail(p: dict[str, Any]) -> str:
         return f"alpha {p['alpha']:.4g}"
     if p.get("privacy_unit") == "client":
         return (f"client-level: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
-                f"q {p['client_rate']:g} ({p['assumptions'][0]})")
+                f"q {p['client_rate']:g}")
     return (f"record-level DP-SGD: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
             f"expected batch {p['expected_batch_size']}")
 
 
+def _amount(p: dict[str, Any]) -> str:
+    if p.get("privacy_unit") == "client":
+        u = p["epsilon_unamplified"]
+        return (f"eps {p['epsilon_max']:.4g} for every client (the population's; replace-one "
+                f"{p['epsilon_replace_one']:.4g}; against the server, which knows the sample: "
+                f"{u['epsilon_at_expected']:.4g} for a client in {u['expected_participations']} "
+                f"round{'' if u['expected_participations'] == 1 else 's'})")
+    text = f"eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g}"
+    if "epsilon_replace_one_max" in p:
+        text += f" (replace-one max {p['epsilon_replace_one_max']:.4g})"
+    return text
+
+
 def final_table(result: dict[str, Any]) -> str:
-    """A short text table of each algorithm's last evaluation (and epsilon, if private)."""
+    """A short text table of each algorithm's last evaluation (and epsilon, if private): a
+    private run shows its held-out metrics and says what its epsilon does not cover."""
     algs = result["algorithms"]
-    lines = text_table(_COLUMNS, [
+    private = any("privacy" in r for r in algs.values())
+    cols, keys = (_PRIVATE_COLUMNS, _PRIVATE_METRICS) if private else (_COLUMNS, _METRICS)
+    lines = text_table(cols, [
         (name, r["history"][-1]["iteration"], r["data_rounds"],
-         *(r["history"][-1][k] for k in ("train_loss", "train_accuracy", "test_accuracy",
-                                         "wall_time_s", "client_compute_s")))
+         *(r["history"][-1].get(k, float("nan")) for k in keys),
+         r["history"][-1]["wall_time_s"], r["history"][-1]["client_compute_s"])
         for name, r in algs.items()])
     notes = []
     for name, r in algs.items():
         if "privacy" in r:
             p = r["privacy"]
-            mark = "" if p["proven"] else "  [NOT PROVEN]"
-            detail = _privacy_detail(p)
-            amount = (f"eps {p['epsilon_max']:.4g} for every client (the population's)"
-                      if p.get("privacy_unit") == "client" else
-                      f"eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g}")
-            notes.append(f"{name}: {amount} "
-                         f"at delta={p['delta']:g} [{p['method']}], {detail}{mark}"
+            notes.append(f"{name}: {_amount(p)} at delta={p['delta']:g} [{p['method']}], "
+                         f"{_privacy_detail(p)}{_mark(p)}"
                          + (f"\n  {p['stopped']}" if "stopped" in p else ""))
-    return "\n".join(lines + (["", "privacy (upper bounds):"] + notes
-                              if notes else []))
+    if not notes:
+        return "\n".join(lines)
+    p0 = next(r["privacy"] for r in algs.values() if "privacy" in r)
+    tail = ["", "privacy (upper bounds):", *notes]
+    if p0.get("trust"):
+        tail.append(f"assumes a {p0['trust']}")
+    tail.append("not covered by epsilon: " + "; ".join(
+        f"{n['field']} ({n['reason'].split(':')[0]})" for n in p0.get("not_covered", [])))
+    return "\n".join(lines + tail)
+
+
+def _mark(p: dict[str, Any]) -> str:
+    g = p.get("guarantee", "proven" if p.get("proven") else "not proven")
+    return {"proven": "", "simulation": "  [seeded simulation]",
+            "not proven": "  [NOT PROVEN]"}[g]

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fl_examples.core.applies import check_and_resolve, refuse_together
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.deep_models import CNN
 from fl_examples.core.models import MLP, MultinomialLogReg
@@ -21,6 +22,32 @@ from privkit import _validate
 from privkit.errors import InvalidParameterError
 
 ALGORITHMS = ("upcycled", "fedprox", "fedavg")
+
+_PRIVATE = ("output", "objective", "client", "record")
+SENSITIVITY_NAMES = ("replace-one", "paper", "strongly-convex")
+
+#: Which privacy model uses each privacy setting (anything else is refused, by name).
+APPLIES: dict[str, tuple[str, ...]] = {
+    "sensitivity": ("output",), "l2_clip_norm": ("output", "client", "record"),
+    "stddev": ("output",), "alpha": ("objective",), "lipschitz": ("output",),
+    "feature_norm": ("output",), "noise_multiplier": ("client", "record"),
+    "client_rate": ("client",), "server_lr": ("client",), "server_momentum": ("client",),
+    "adaptive_clip": ("client",), "delta": _PRIVATE, "epsilon_budget": _PRIVATE,
+    "noise_for_epsilon": _PRIVATE, "noise_target": ("output", "objective", "record"),
+    "allow_unproven": ("objective",), "secure_noise": _PRIVATE,
+    "eval_client_data": _PRIVATE,
+}
+#: The defaults of the privacy settings, filled for the models that use them.
+DEFAULTS: dict[str, Any] = {
+    "sensitivity": "replace-one", "l2_clip_norm": 10.0, "stddev": 1.0, "alpha": 20.0,
+    "noise_multiplier": 1.0, "server_lr": 1.0, "server_momentum": 0.0, "noise_target": "max",
+}
+WHY = {
+    "noise_target": "client-level DP has one epsilon, the population's",
+    "noise_multiplier": "output perturbation sets its noise with --sigma, objective "
+                        "perturbation with --alpha",
+    "stddev": "client and record levels set their noise with --noise-multiplier",
+}
 
 
 @dataclass(frozen=True)
@@ -70,16 +97,29 @@ class UpcycledConfig:
         server_lr, server_momentum: the server optimiser of ``client`` (DP-FedAvg), applied
             to the noisy mean update.
         adaptive_clip: a target quantile in (0, 1) turns on adaptive clipping for ``client``
-            (Andrew et al. 2021; the count is a second release per round, charged too).
+            (Andrew et al. 2021; its noisy count and the sum are one release per round,
+            priced jointly: :meth:`privkit.AdaptiveClipping.round_event`).
         epsilon_budget: per-client budget; the run stops before a client would exceed it.
         allow_unproven: run objective perturbation although Thm C.2 does not hold here (SGD is
             not an exact minimiser); its epsilon is then marked NOT PROVEN.
-        noise_for_epsilon: calibrate ``stddev`` (output) or ``alpha`` (objective) so that the
-            run ends at this mean (``noise_target="mean"``) or max epsilon.
+        noise_for_epsilon: calibrate ``stddev`` (output), ``alpha`` (objective) or
+            ``noise_multiplier`` (client, record) so that the run ends at this epsilon (the
+            clients' max by default, ``noise_target``); refused together with the setting it
+            calibrates, and above ``epsilon_budget``.
+        noise_target: ``max`` (default) or ``mean``: which per-client epsilon
+            ``noise_for_epsilon`` targets (output, objective, record; client level has one).
         baseline_iterations: iterations of the baselines in a comparison: ``half`` (the same
             number of data rounds, as in the paper's Table 1), ``same`` (the same number of
             iterations, as in its privacy experiments: FedProx then leaks twice as often), or
             ``auto`` (half without privacy, same with).
+        secure_noise: draw the client sampling, minibatch sampling and noise from the OS
+            CSPRNG instead of the seed (a private run is otherwise a seeded simulation).
+        eval_client_data: a private run also evaluates on the clients' training and test data
+            (those metrics are listed as not covered by its epsilon).
+
+    The privacy settings left at None take their model's default (:data:`DEFAULTS`); one
+    given for a model that does not use it is refused (:data:`APPLIES`), so the recorded
+    configuration holds what the run used.
     """
 
     dataset: str = "synthetic:0.5,0.5"
@@ -99,23 +139,25 @@ class UpcycledConfig:
     eval_every: int = 1
     checkpoint_every: int = 0
     privacy: str = "none"
-    sensitivity: str = "replace-one"
-    l2_clip_norm: float = 10.0
-    stddev: float = 1.0
-    alpha: float = 20.0
+    sensitivity: str | None = None
+    l2_clip_norm: float | None = None
+    stddev: float | None = None
+    alpha: float | None = None
     lipschitz: float | None = None
     feature_norm: float | None = None
     delta: float | None = None
-    noise_multiplier: float = 1.0
+    noise_multiplier: float | None = None
     client_rate: float | None = None
-    server_lr: float = 1.0
-    server_momentum: float = 0.0
+    server_lr: float | None = None
+    server_momentum: float | None = None
     adaptive_clip: float | None = None
     epsilon_budget: float | None = None
     allow_unproven: bool = False
     noise_for_epsilon: float | None = None
-    noise_target: str = "mean"
+    noise_target: str | None = None
     baseline_iterations: str = "auto"
+    secure_noise: bool = False
+    eval_client_data: bool = False
 
     def __post_init__(self) -> None:
         _validate.nonnegative("mu", self.mu)
@@ -134,40 +176,55 @@ class UpcycledConfig:
         m = _validate.real("momentum", self.momentum)
         if not 0 <= m < 1:
             raise InvalidParameterError("momentum", self.momentum, "in [0, 1)")
-        if self.delta is None:  # frozen: resolve the mode's default once, for the report too
-            object.__setattr__(self, "delta", 1e-5 if self.privacy in ("client", "record")
-                               else 1e-3)
-        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
         if self.privacy not in PRIVACY_KINDS:
             raise InvalidParameterError("privacy", self.privacy,
                                         "none, output, objective, client or record")
-        _validate.positive("noise_multiplier", self.noise_multiplier)
+        # a setting given for a privacy model that does not use it is an error (never
+        # dropped); then the model's defaults fill what was left out
+        for first in ("stddev", "alpha", "noise_multiplier"):
+            refuse_together(self, first, "noise_for_epsilon", "which calibrates it")
+        calibrated = {"output": "stddev", "objective": "alpha", "client": "noise_multiplier",
+                      "record": "noise_multiplier"}.get(self.privacy)
+        fill = {k: v for k, v in DEFAULTS.items()
+                if not (self.noise_for_epsilon is not None and k == calibrated)}
+        check_and_resolve(self, self.privacy, APPLIES, fill, why=WHY)
+        if self.sensitivity != "strongly-convex":
+            for name in ("lipschitz", "feature_norm"):
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(name, getattr(self, name),
+                                                "given only with --sensitivity strongly-convex")
+        if self.delta is None and self.privacy != "none":  # the mode's default, recorded
+            object.__setattr__(self, "delta", 1e-5 if self.privacy in ("client", "record")
+                               else 1e-3)
+        check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
+        for name in ("noise_multiplier", "l2_clip_norm", "stddev", "alpha", "server_lr"):
+            if getattr(self, name) is not None:
+                _validate.positive(name, getattr(self, name))
         if self.client_rate is not None:
             q = _validate.positive("client_rate", self.client_rate)
             if not q <= 1:
                 raise InvalidParameterError("client_rate", self.client_rate, "in (0, 1]")
-            if self.privacy != "client":
-                raise InvalidParameterError("client_rate", self.client_rate,
-                                            "used with --privacy client")
-        _validate.positive("server_lr", self.server_lr)
-        sm = _validate.real("server_momentum", self.server_momentum)
-        if not 0 <= sm < 1:
-            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
+        if self.server_momentum is not None:
+            sm = _validate.real("server_momentum", self.server_momentum)
+            if not 0 <= sm < 1:
+                raise InvalidParameterError("server_momentum", self.server_momentum,
+                                            "in [0, 1)")
         if self.adaptive_clip is not None:
             a = _validate.positive("adaptive_clip", self.adaptive_clip)
-            if not a < 1 or self.privacy != "client":
+            if not a < 1:
                 raise InvalidParameterError("adaptive_clip", self.adaptive_clip,
-                                            "a quantile in (0, 1), with --privacy client")
-        _validate.positive("l2_clip_norm", self.l2_clip_norm)
-        _validate.positive("stddev", self.stddev)
-        _validate.positive("alpha", self.alpha)
+                                            "a quantile in (0, 1)")
         if self.noise_for_epsilon is not None:
-            _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
-            if self.privacy == "none":
-                raise InvalidParameterError("noise_for_epsilon", self.noise_for_epsilon,
-                                            "used with a --privacy mode")
-        if self.noise_target not in ("mean", "max"):
+            target = _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
+            if self.epsilon_budget is not None and target > self.epsilon_budget:
+                raise InvalidParameterError(
+                    "noise_for_epsilon", target, f"<= --epsilon-budget {self.epsilon_budget:g} "
+                    "(calibrated above the budget, the run would stop before training)")
+        if self.noise_target is not None and self.noise_target not in ("mean", "max"):
             raise InvalidParameterError("noise_target", self.noise_target, "mean or max")
+        if self.sensitivity is not None and self.sensitivity not in SENSITIVITY_NAMES:
+            raise InvalidParameterError("sensitivity", self.sensitivity,
+                                        f"one of {', '.join(SENSITIVITY_NAMES)}")
         if self.privacy == "objective" and not self.mu > 0:
             raise InvalidParameterError("mu", self.mu, "> 0 for objective perturbation")
         if self.lipschitz is not None:
@@ -179,7 +236,6 @@ class UpcycledConfig:
         if self.baseline_iterations not in ("auto", "half", "same"):
             raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
                                         "auto, half or same")
-
 
     @property
     def effective_client_rate(self) -> float:

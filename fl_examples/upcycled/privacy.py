@@ -41,6 +41,8 @@ def _plan_for(cfg: UpcycledConfig, ds: FederatedDataset, algorithm: str,
               noise: float | None = None) -> PrivacyPlan:
     stddev = noise if (noise is not None and cfg.privacy == "output") else cfg.stddev
     alpha = noise if (noise is not None and cfg.privacy == "objective") else cfg.alpha
+    # a parameter that calibration sets is None in the configuration until then
+    stddev, alpha = stddev or 1.0, alpha or 20.0
     return PrivacyPlan(
         kind=cfg.privacy, sizes=tuple(int(n) for n in ds.train_sizes),
         l2_clip_norm=cfg.l2_clip_norm, stddev=stddev, sensitivity=cfg.sensitivity, alpha=alpha,
@@ -59,15 +61,16 @@ def client_plan(cfg: UpcycledConfig, ds: FederatedDataset, z: float | None = Non
     adaptive = None if cfg.adaptive_clip is None else AdaptiveClipping(
         cfg.adaptive_clip, learning_rate=0.2, count_stddev=max(q * ds.num_clients / 20, 1e-3),
         sampling_probability=q)
-    return ClientDpPlan(ds.num_clients, q, cfg.l2_clip_norm,
-                        cfg.noise_multiplier if z is None else z, server_lr=cfg.server_lr,
+    z = z if z is not None else cfg.noise_multiplier or 1.0  # 1.0: a placeholder to calibrate
+    return ClientDpPlan(ds.num_clients, q, cfg.l2_clip_norm, z, server_lr=cfg.server_lr,
                         server_momentum=cfg.server_momentum, adaptive=adaptive)
 
 
 def record_plan(cfg: UpcycledConfig, ds: FederatedDataset, z: float | None = None
                 ) -> RecordDpPlan:
+    z = z if z is not None else cfg.noise_multiplier or 1.0  # 1.0: a placeholder to calibrate
     return RecordDpPlan(tuple(int(n) for n in ds.train_sizes), DpSgdSettings(
-        cfg.l2_clip_norm, cfg.noise_multiplier if z is None else z, cfg.batch_size))
+        cfg.l2_clip_norm, z, cfg.batch_size))
 
 
 def planned_steps(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
@@ -96,14 +99,16 @@ def _dp_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteratio
     if cfg.privacy == "client":
         rounds = data_rounds(algorithm, iterations)
         base = client_plan(cfg, ds)
-        extra = [] if base.adaptive is None else [
-            privkit.SelfComposedDpEvent(base.adaptive.event(), rounds)]
-        z, eps, _ = privkit.calibrate_noise(
-            lambda x: privkit.ComposedDpEvent(
-                [privkit.SelfComposedDpEvent(ClientLevelGaussian(
-                    base.l2_clip_norm, x, base.client_rate).event(), rounds), *extra]),
+        # calibrate the round's Gaussian (z_eff with adaptive clipping: the sum and the
+        # count are one release), then the sum's own z from it
+        z_round, eps, _ = privkit.calibrate_noise(
+            lambda x: privkit.SelfComposedDpEvent(ClientLevelGaussian(
+                base.l2_clip_norm, x, base.client_rate).event(), rounds),
             target_epsilon=target, delta=d, tol=1e-4)
+        z = z_round if base.adaptive is None else _sum_noise(base, z_round, target)
         plan: Any = client_plan(cfg, ds, z)
+        eps = privkit.epsilon(privkit.SelfComposedDpEvent(plan.round_event(), rounds),
+                              d).epsilon
     else:
         steps = planned_steps(algorithm, cfg, ds, iterations)
         z, eps = calibrate_record(steps, list(ds.train_sizes), target=target, delta=d,
@@ -113,6 +118,20 @@ def _dp_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteratio
                                  "target_epsilon": target, "statistic": cfg.noise_target
                                  if cfg.privacy == "record" else "population",
                                  "planned_epsilon": eps}}
+
+
+def _sum_noise(plan: ClientDpPlan, joint: float, target: float) -> float:
+    """The sum's z giving the round the calibrated joint multiplier (adaptive clipping)."""
+    assert plan.adaptive is not None
+    try:
+        return plan.adaptive.sum_noise_multiplier(joint)
+    except InvalidParameterError:
+        raise InvalidParameterError(
+            "noise_for_epsilon", target, f"reachable with --adaptive-clip: the round needs a "
+            f"joint noise multiplier of {joint:.4g}, but the count's noise (stddev q N / 20 = "
+            f"{plan.adaptive.count_stddev:.4g}) alone allows at most "
+            f"{plan.adaptive.count_noise_multiplier:.4g}; raise the target, or drop "
+            "--adaptive-clip") from None
 
 
 def _privacy_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iterations: int

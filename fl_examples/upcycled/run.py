@@ -17,10 +17,13 @@ from fl_examples.core.privacy import (
     BudgetStop,
     PrivacyPlan,
 )
+from fl_examples.core.release import Publication
 from fl_examples.core.rounds import (
     aggregate,
     broadcast,
+    client_orders,
     evaluate,
+    independent_straggler_epochs,
     resolve_device,
     sample_clients,
     select,
@@ -38,6 +41,7 @@ from fl_examples.core.seeds import SeedTree
 from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, _model, extrapolation
 from fl_examples.upcycled.privacy import _privacy_plan, data_rounds
 from privkit._journal import canonical_json
+from privkit._rng import SecureRandom
 from privkit.errors import InvalidParameterError
 from privkit.events import event_to_dict
 from privkit.ledger import Ledger, LedgerPointer
@@ -64,6 +68,13 @@ class _Run(TrainerRun):
         dtype = torch.float32
         self.train = to_client_data(ds.padded(Split.TRAIN), device, dtype)
         self.test = to_client_data(ds.padded(Split.TEST), device, dtype)
+        self.heldout = None if ds.x_heldout is None else to_client_data(
+            ds.heldout_padded(), device, dtype)
+        self.pub = publication(cfg, ds)
+        self.loss_key = self.pub.loss_key
+        # the guarantee's randomness (client sample, minibatches, noise): the OS CSPRNG with
+        # --secure-noise, else the seed tree (a seeded simulation)
+        self.secure = SecureRandom() if cfg.secure_noise else None
         self.p = torch.as_tensor(ds.weights, dtype=torch.float64, device=device)
         init = self.model.init(1, generator=self.tree.torch(0, "init", "cpu"), device=device)
         self.w = {k: v[0] for k, v in init.items()}  # w^{t-1}
@@ -104,8 +115,15 @@ class _Run(TrainerRun):
         result: dict[str, Any] = {"history": self.history,
                                   "model": {k: v.detach().cpu() for k, v in self.w.items()}}
         if self.plan is not None and self.ledger is not None:
-            result["privacy"] = self.plan.report(self.ledger, self.ds.num_clients) \
-                | self.calibration
+            p = self.plan.report(self.ledger, self.ds.num_clients) | self.calibration
+            proven = bool(p.get("proven", True))
+            public = self.plan.public() if hasattr(self.plan, "public") else [
+                "n_i: every client's record count", "which clients take part in each round "
+                "(the sampler is not secret under record-level DP)"]
+            p |= self.pub.notes(proven_maths=proven, public=public,
+                                dataset_description=self.ds.description,
+                                not_proven_because=p.get("not_proven_because"))
+            result["privacy"] = p
             if self.stopped:
                 result["privacy"]["stopped"] = self.stopped
         return result
@@ -126,14 +144,26 @@ class _Run(TrainerRun):
         self.iteration = t
         self.wall += time.perf_counter() - start
 
+    @property
+    def client_level(self) -> bool:
+        return getattr(self.plan, "kind", None) == "client"
+
     def _selection(self, r: int) -> tuple[Any, Any]:
-        """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers)."""
+        """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers).
+
+        Under client-level DP the sample is Poisson and every client's straggling is drawn
+        on its own (:func:`~fl_examples.core.rounds.independent_straggler_epochs`), so one
+        client's work never depends on who else was sampled; otherwise the authors' rule
+        (round(s K) of the K sampled straggle)."""
         cfg = self.cfg
-        if getattr(self.plan, "kind", None) == "client":  # Poisson sampling at rate q
-            sel = self.plan.select(self.tree, r)  # type: ignore[union-attr]
+        if self.client_level:  # Poisson sampling at rate q
+            sel = self.plan.select(self.tree, r, self.secure)  # type: ignore[union-attr]
+            epochs, strag = independent_straggler_epochs(
+                self.tree, r, sel, cfg.stragglers, cfg.local_epochs)
         else:
             sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
-        epochs, strag = straggler_epochs(self.tree, r, len(sel), cfg.stragglers, cfg.local_epochs)
+            epochs, strag = straggler_epochs(self.tree, r, len(sel), cfg.stragglers,
+                                             cfg.local_epochs)
         if self.algorithm == "fedavg":
             sel, epochs = sel[~strag], epochs[~strag]
         return sel, epochs
@@ -152,21 +182,23 @@ class _Run(TrainerRun):
             ids = [c for c in sel.tolist() if str(c) not in done]
             if ids:
                 self.plan.charge(self.ledger, ids, round_=r, run_id=self.algorithm)
+        if self.secure is not None:
+            return self.secure
         return self.tree.torch(r, "noise", self.device)
 
-    def _check_finite(self, local: dict[str, torch.Tensor], sel: Any, r: int, kind: str) -> None:
-        """Refuse a non-finite client update, naming the client (nothing is released)."""
+    def _check_finite(self, local: dict[str, torch.Tensor], sel: Any, r: int) -> None:
+        """Refuse a non-finite local model, naming the client. Only after its noise was
+        drawn (objective perturbation, DP-SGD): the model is then the mechanism's output and
+        the check post-processing; the round stays charged and nothing is released."""
         ok = torch.ones(len(sel), dtype=torch.bool, device=self.device)
         for v in local.values():
             ok &= torch.isfinite(v.reshape(len(sel), -1)).all(dim=1)
         if not bool(ok.all()):
             j = int(torch.nonzero(~ok)[0])
-            charged = ("nothing was charged or released" if kind == "output" else
-                       "its noise term was drawn, so the round stays charged; nothing was "
-                       "released")
             raise InvalidParameterError(
                 f"update of client {int(sel[j])} in data round {r}", "non-finite values",
-                f"finite ({charged}; lower --lr)")
+                "finite (its noise was drawn, so the round stays charged; nothing was "
+                "released; lower --lr)")
 
     def _local_round(self, r: int) -> dict[str, torch.Tensor]:
         plan = self.plan if self.ledger is not None else None
@@ -194,11 +226,13 @@ class _Run(TrainerRun):
             lr=cfg.lr, momentum=cfg.momentum, proximal_mu=mu,
             generator=self.tree.torch(r, "batches", self.device), linear_term=linear,
         )
-        if plan is not None:
-            self._check_finite(local, sel, r, plan.kind)
+        if plan is not None and plan.kind == "objective":
+            self._check_finite(local, sel, r)  # after the noise: post-processing
         if plan is not None and plan.kind == "output":
-            # Output perturbation: charge after the updates are known to be finite, before
-            # any noise is drawn, so a bad update is refused with nothing charged.
+            # Output perturbation: a non-finite local model becomes zeros before it is
+            # clipped (an error would say something about that client's data, outside the
+            # guarantee); charged before any noise is drawn.
+            local = _zero_nonfinite(local, len(sel))
             noise = self._charge(r, sel)
             released = [plan.mechanism(int(c))({k: v[j] for k, v in local.items()}, rng=noise)
                         for j, c in enumerate(sel)]
@@ -209,15 +243,17 @@ class _Run(TrainerRun):
         return aggregate(local, self.p[idx])
 
     def _train(self, sel: Any, epochs: Any, r: int) -> dict[str, torch.Tensor]:
-        """The sampled clients' local models from the global one (plain local SGD)."""
+        """The sampled clients' local models from the global one (plain local SGD), each
+        client's batch order from its own stream (it never depends on who else was
+        sampled)."""
         cfg = self.cfg
         data = select(self.train, torch.as_tensor(sel, device=self.device))
+        ep = torch.as_tensor(epochs, device=self.device)
         return local_sgd(
             self.model, broadcast(self.w, len(sel)), self.w, data,
-            epochs=torch.as_tensor(epochs, device=self.device), batch_size=cfg.batch_size,
-            lr=cfg.lr, momentum=cfg.momentum,
+            epochs=ep, batch_size=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum,
             proximal_mu=0.0 if self.algorithm == "fedavg" else cfg.mu,
-            generator=self.tree.torch(r, "batches", self.device))
+            order=client_orders(self.tree, r, sel, data.sizes, ep, self.device))
 
     def _client_round(self, r: int) -> dict[str, torch.Tensor]:
         """Client-level DP-FedAvg: Poisson-sampled clients train; their clipped updates are
@@ -226,8 +262,7 @@ class _Run(TrainerRun):
         sel, epochs = self._selection(r)
         t0 = time.perf_counter()
         if len(sel):
-            local = self._train(sel, epochs, r)
-            self._check_finite(local, sel, r, "output")
+            local = self._train(sel, epochs, r)  # a non-finite update contributes zeros
         else:
             local = {k: v.unsqueeze(0)[:0] for k, v in self.w.items()}
         noise = self._charge(r, sel)  # after the updates are known finite, before any noise
@@ -251,24 +286,29 @@ class _Run(TrainerRun):
             settings=self.plan.settings,  # type: ignore[union-attr]
             lr=cfg.lr, momentum=cfg.momentum,
             proximal_mu=0.0 if self.algorithm == "fedavg" else cfg.mu, generator=noise)
-        self._check_finite(local, sel, r, "objective")
+        self._check_finite(local, sel, r)
         self.compute += time.perf_counter() - t0
         return aggregate(local, self.p[idx])
 
     def evaluate(self) -> dict[str, Any]:
-        loss, acc = evaluate(self.model, self.w, self.train)
-        _, test_acc = evaluate(self.model, self.w, self.test)
+        """One history row: the held-out metrics (public data), and the clients' training
+        and test metrics unless the run is private (or with ``eval_client_data``)."""
+        # data_rounds: the iterations that trained on client data (Upcycled-FL's odd ones), the
+        # client computation spent so far (the x axis on which its claim is visible)
+        row: dict[str, Any] = {"iteration": self.iteration,
+                               "data_rounds": data_rounds(self.algorithm, self.iteration)}
+        if self.heldout is not None:
+            row["heldout_loss"], row["heldout_accuracy"] = evaluate(
+                self.model, self.w, self.heldout)
+        if self.pub.evaluate_clients:
+            row["train_loss"], row["train_accuracy"] = evaluate(self.model, self.w, self.train)
+            _, row["test_accuracy"] = evaluate(self.model, self.w, self.test)
+        loss = row[self.loss_key]
         if not math.isfinite(loss):
             raise FloatingPointError(
                 f"{self.algorithm}: training diverged at iteration {self.iteration} "
-                f"(loss {loss}); lower --lr")
-        # data_rounds: the iterations that trained on client data (Upcycled-FL's odd ones), the
-        # client computation spent so far (the x axis on which its claim is visible)
-        row = {"iteration": self.iteration,
-               "data_rounds": data_rounds(self.algorithm, self.iteration),
-               "train_loss": loss, "train_accuracy": acc,
-               "test_accuracy": test_acc, "wall_time_s": self.wall,
-               "client_compute_s": self.compute}
+                f"({self.loss_key.replace('_', ' ')} {loss}); lower --lr")
+        row |= {"wall_time_s": self.wall, "client_compute_s": self.compute}
         self.history.append(row)
         return row
 
@@ -330,7 +370,26 @@ class _Run(TrainerRun):
         self.precharged = adopt_round_charges(
             self.ledger, pointer, run_id=self.algorithm, start=self.iteration,
             window=self.iteration + max(self.cfg.checkpoint_every, 1),
-            charges=self._expected_charges, step_name="iteration")
+            charges=self._expected_charges, step_name="iteration",
+            replays_identically=self.secure is None)
+
+
+def publication(cfg: UpcycledConfig, ds: FederatedDataset) -> Publication:
+    """The run's release policy (:mod:`fl_examples.core.release`)."""
+    return Publication(private=cfg.privacy != "none", client_metrics=cfg.eval_client_data,
+                       secure=cfg.secure_noise, seed=cfg.seed,
+                       heldout=ds.description.get("heldout") if ds.has_heldout else None)
+
+
+def _zero_nonfinite(local: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """The clients' models with every non-finite one replaced by zeros."""
+    ok = torch.ones(k, dtype=torch.bool, device=next(iter(local.values())).device)
+    for v in local.values():
+        ok &= torch.isfinite(v.reshape(k, -1)).all(dim=1)
+    if bool(ok.all()):
+        return local
+    return {n: torch.where(ok.reshape(k, *([1] * (v.dim() - 1))), v, torch.zeros_like(v))
+            for n, v in local.items()}
 
 
 def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,

@@ -48,6 +48,15 @@ def _dpa_epsilon(event, delta: float) -> float:
     return acc.get_epsilon(delta)
 
 
+def _dpa_epsilon_ro(event, delta: float) -> float:
+    from dp_accounting import NeighboringRelation
+
+    acc = pld_privacy_accountant.PLDAccountant(
+        NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
+    acc.compose(event)
+    return acc.get_epsilon(delta)
+
+
 # -- client level ------------------------------------------------------------------------------
 
 def test_poisson_client_rates_match_q():
@@ -93,13 +102,27 @@ def test_client_mode_run_charges_each_data_round_and_dp_accounting_agrees(tmp_pa
     p = res["privacy"]
     assert p["charged_rounds"] == 4  # iterations 1, 3, 5, 7; even ones are free
     assert p["delta"] == 1e-5
-    assert p["assumptions"][0].startswith("trusted aggregator or secure aggregation")
+    assert p["assumptions"][0].startswith("trusted aggregator: the server sees the clipped")
+    assert "secure aggregation alone" in p["trust"]
     led = Ledger.open(tmp_path / "ledger-upcycled.jsonl")
     assert led.neighboring_relation == privkit.NeighboringRelation.ADD_OR_REMOVE_ONE
     theirs = _dpa_epsilon(DpaS(DpaP(0.4, DpaG(0.8)), 4), 1e-5)
     assert theirs * 0.99 <= p["epsilon_max"] <= theirs * 1.01
     assert p["per_client"] == [p["epsilon_max"]] * digits.num_clients
-    assert all(math.isfinite(h["test_accuracy"]) for h in res["history"])
+    # a private run evaluates on the public held-out set only
+    assert all(math.isfinite(h["heldout_accuracy"]) for h in res["history"])
+    assert not any("test_accuracy" in h or "train_loss" in h for h in res["history"])
+    # beside add/remove: replace-one and the server's (unamplified) epsilon; dp-accounting's
+    # replace-one Gaussian(z) is this mechanism (each update of norm <= C, noise z C)
+    ro = _dpa_epsilon_ro(DpaS(DpaP(0.4, DpaG(0.8)), 4), 1e-5)
+    assert ro * 0.99 <= p["epsilon_replace_one"] <= ro * 1.01
+    u = p["epsilon_unamplified"]
+    assert u["expected_participations"] == 2  # ceil(0.4 * 4)
+    assert u["epsilon_at_expected"] == pytest.approx(
+        privkit.epsilon(privkit.SelfComposedDpEvent(privkit.GaussianDpEvent(0.8), 2),
+                        1e-5).epsilon, rel=1e-9)
+    assert p["guarantee"] == "simulation" and p["proven"] is False
+    assert "N = 30" in p["public"][0]
 
 
 def test_client_mode_calibrates_to_the_target(digits):
@@ -112,19 +135,55 @@ def test_client_mode_calibrates_to_the_target(digits):
     assert _dpa_epsilon(DpaS(DpaP(0.3, DpaG(z)), 10), 1e-5) == pytest.approx(2.0, rel=0.01)
 
 
-def test_adaptive_clipping_charges_its_count_too(digits):
+def test_adaptive_clipping_is_charged_as_one_release_with_the_sum(digits):
+    """The count and the sum use the same Poisson sample: one Gaussian a round with the joint
+    noise multiplier (the count centred: sensitivity 1/2), never two independent charges."""
     cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_multiplier=1.0,
                          client_rate=0.5, adaptive_clip=0.5, iterations=3, **BASE)
     res = run_algorithm("fedprox", cfg, digits, iterations=3)
     comp = res["privacy"]
     count_sd = max(0.5 * digits.num_clients / 20, 1e-3)
-    both = privkit.ComposedDpEvent([
-        privkit.SelfComposedDpEvent(privkit.PoissonSampledDpEvent(0.5, privkit.GaussianDpEvent(
-            1.0)), 3),
-        privkit.SelfComposedDpEvent(privkit.PoissonSampledDpEvent(0.5, privkit.GaussianDpEvent(
-            count_sd)), 3)])
-    assert comp["epsilon_max"] == pytest.approx(privkit.epsilon(both, 1e-5).epsilon, rel=1e-6)
-    assert comp["charged_rounds"] == 6
+    z_eff = (1.0 + (2 * count_sd) ** -2) ** -0.5
+    joint = DpaS(DpaP(0.5, DpaG(z_eff)), 3)
+    assert comp["epsilon_max"] >= _dpa_epsilon(joint, 1e-5) * (1 - 1e-3)
+    assert comp["charged_rounds"] == 3
+    assert comp["adaptive_clipping"]["joint_noise_multiplier"] == pytest.approx(z_eff)
+
+
+def test_the_issues_adaptive_clip_run_is_priced_jointly():
+    """synthetic:iid@1000/60, fedavg, q 0.02, C 1, z 1.1, adaptive 0.5, 10 rounds: the round
+    is PoissonSampled(0.02, Gaussian(z_eff)); the separate charges printed 0.8139."""
+    cfg = UpcycledConfig(dataset="synthetic:iid@1000/60", privacy="client",
+                         adaptive_clip=0.5, client_rate=0.02, l2_clip_norm=1.0,
+                         noise_multiplier=1.1, iterations=10, local_epochs=1, stragglers=0.0,
+                         device="cpu")
+    ds = parse_dataset_spec(cfg.dataset, seed=0)
+    p = run_algorithm("fedavg", cfg, ds, iterations=10)["privacy"]
+    z_eff = (1.1 ** -2 + (2 * 1.0) ** -2) ** -0.5  # count stddev q N / 20 = 1, centred
+    assert p["epsilon_max"] >= _dpa_epsilon(DpaS(DpaP(0.02, DpaG(z_eff)), 10), 1e-5) * 0.999
+    assert p["epsilon_max"] > 0.8139 * 1.02
+
+
+def test_adaptive_clip_calibration_hits_the_joint_target_or_says_it_cannot(digits):
+    # 30 clients at q 0.5: the count's stddev is 0.75 (its noise multiplier 1.5)
+    cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_for_epsilon=8.0,
+                         client_rate=0.5, adaptive_clip=0.5, iterations=6, **BASE)
+    p = run_algorithm("fedavg", cfg, digits, iterations=6)["privacy"]
+    assert 7.9 < p["epsilon_max"] <= 8.0
+    z_eff = p["adaptive_clipping"]["joint_noise_multiplier"]
+    assert _dpa_epsilon(DpaS(DpaP(0.5, DpaG(z_eff)), 6), 1e-5) <= 8.0 * 1.01
+    low = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_for_epsilon=3.0,
+                         client_rate=0.5, adaptive_clip=0.5, iterations=6, **BASE)
+    with pytest.raises(InvalidParameterError, match="noise_for_epsilon.*adaptive"):
+        run_algorithm("fedavg", low, digits, iterations=6)
+
+
+def test_adaptive_clip_with_z_equal_to_the_count_noise_runs(digits):
+    """Two equal events used to give a duplicate-id charge; now one event a round."""
+    count_sd = 0.5 * digits.num_clients / 20
+    cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_multiplier=count_sd,
+                         client_rate=0.5, adaptive_clip=0.5, iterations=2, **BASE)
+    assert run_algorithm("fedavg", cfg, digits, iterations=2)["privacy"]["charged_rounds"] == 2
 
 
 # -- record level ------------------------------------------------------------------------------
@@ -256,8 +315,11 @@ def test_record_mode_learns_and_resumes_without_double_charging(tmp_path, digits
     resumed = run_algorithm("fedavg", cfg, digits, iterations=4, out=tmp_path, resume=True)
     assert resumed["privacy"]["charged_steps"] == whole["privacy"]["charged_steps"]
     assert resumed["privacy"]["epsilon_max"] == pytest.approx(whole["privacy"]["epsilon_max"])
-    assert resumed["history"][-1]["test_accuracy"] == pytest.approx(
-        whole["history"][-1]["test_accuracy"])
+    assert resumed["history"][-1]["heldout_accuracy"] == pytest.approx(
+        whole["history"][-1]["heldout_accuracy"])
+    p = whole["privacy"]
+    assert p["epsilon_replace_one_max"] > p["epsilon_max"]  # n_i public: replace-one beside
+    assert any("n_i" in item for item in p["public"])
 
 
 # -- the CLI -----------------------------------------------------------------------------------
@@ -269,6 +331,18 @@ def test_record_mode_learns_and_resumes_without_double_charging(tmp_path, digits
     (["--privacy", "record", "--clip", "-1"], "--clip"),
     (["--privacy", "record", "--noise-multiplier", "nan"], "--noise-multiplier"),
     (["--privacy", "output", "--client-rate", "0.5"], "--client-rate"),
+    # the silent drops a new user hit: each flag that does not apply is an error
+    (["--clip", "1", "--noise-multiplier", "2"], "--clip must be given only with --privacy"),
+    (["--privacy", "client", "--noise-for-epsilon", "8", "--noise-multiplier", "2"],
+     "--noise-multiplier must be left out with --noise-for-epsilon"),
+    (["--privacy", "record", "--sigma", "2"], "--sigma must be given only with --privacy output"),
+    (["--privacy", "record", "--noise-for-epsilon", "8", "--epsilon-budget", "4"],
+     "--noise-for-epsilon must be <= --epsilon-budget 4"),
+    (["--privacy", "client", "--noise-target", "mean"], "--noise-target"),
+    (["--secure-noise"], "--secure-noise must be given only with --privacy"),
+    (["--eval-client-data"], "--eval-client-data must be given only with --privacy"),
+    (["--privacy", "client", "--alpha", "3"], "--alpha"),
+    (["--privacy", "output", "--lipschitz", "3"], "--lipschitz"),
 ])
 def test_cli_bad_flags_name_the_flag(tmp_path, capsys, flags, needle):
     rc = main(["train", "upcycled", "--dataset", "digits:3", "--iterations", "2",

@@ -1,0 +1,462 @@
+"""K clients' record-level DP-SGD in lockstep: one module, parameters stacked on a client axis.
+
+:class:`ClientsDpSgd` trains K copies of the same model, client i on its own records, as
+batched tensor operations (``vmap`` over clients and examples; no Python loop over clients):
+
+- client i has ``n_i`` records (rows ``0..n_i-1`` of its padded data), its own Poisson rate
+  ``q_i`` (:func:`sampling_rates`: ``min(1, b / n_i)``, or given) and its own number of
+  steps ``s_i`` (:func:`steps_for_epochs`); a client that has done its steps waits;
+- each step of client i: Poisson batch at rate ``q_i``, per-example clipping to C, sum,
+  ``N(0, (z C)^2)`` noise, division by the fixed ``q_i n_i``; then the update
+  :class:`LocalSgd` (learning rate, heavy-ball momentum, proximal term ``mu (w - w_bar)``),
+  which is post-processing;
+- privacy: client i's run is ``s_i`` uses of ``PoissonSampledDpEvent(q_i,
+  GaussianDpEvent(z))`` under add/remove of one of its records; with a ledger, each client
+  is charged that, on its own entry, before any noise is drawn (all or nothing).
+
+Randomness is per client (:class:`~privkit.torch.ClientStreams`: a client's Poisson
+uniforms and noise depend only on the seed, the round, its key and the step, never on the
+other clients of the batch), or :class:`privkit.SecureRandom` (OS CSPRNG). The same client
+with the same streams trains identically alone (K = 1, e.g. in a Flower ClientApp) and
+batched: :meth:`ClientsDpSgd.reference_run` is the one-client-one-example-at-a-time loop the
+batched path is tested against.
+
+Parameters are a dict of ``(K, *shape)`` tensors; their flat layout (each flattened
+row-major, in the dict's order) is the layout of the noise and of a model's own
+``clipped_grad_sum``. The run keeps a float64 master copy of the parameters (noise and update
+in float64); the model's gradients are computed in the parameters' own dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import privkit
+from privkit import _validate
+from privkit._rng import SecureRandom
+from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.torch.grads import (
+    LossFn,
+    check_module,
+    clip_factors,
+    cross_entropy_per_example,
+    func_per_example_grads,
+)
+from privkit.torch.private import step_event
+from privkit.torch.streams import ClientStreams
+
+__all__ = ["ClientBatch", "LocalSgd", "ClientsDpSgd", "ClippedSumFn", "sampling_rates",
+           "steps_for_epochs"]
+
+ClippedSumFn = Callable[[Tensor, Tensor, Tensor, Callable[[Tensor], Tensor]], Tensor]
+"""``clipped_grad_sum(theta, x, y, factor) -> (K, d)``: a model's own clipped sum.
+
+``theta (K, d)`` flat parameters, ``x (K, B, ...)``, ``y (K, B, ...)``; ``factor(norms)``
+maps the ``(K, B)`` float64 per-example gradient norms to the ``(K, B)`` factors (clip
+factor times the row weight, 0 on filler rows); the result is ``sum_b factor_kb g_kb``."""
+
+#: Elements of draws (uniforms and normals) computed at once, several steps together.
+_DRAW_CHUNK = 1 << 22
+
+
+class ClientBatch(NamedTuple):
+    """K clients' records, padded: client i's are rows ``0..sizes[i]-1``.
+
+    Attributes:
+        x: ``(K, N, ...)`` inputs (padding rows must hold finite values).
+        y: ``(K, N, ...)`` targets.
+        sizes: ``(K,)`` integers n_i in [1, N].
+    """
+
+    x: Tensor
+    y: Tensor
+    sizes: Tensor
+
+
+@dataclass(frozen=True)
+class LocalSgd:
+    """The local update, applied to the noisy gradient (post-processing).
+
+    ``g <- g + proximal_mu (w - anchor)``; ``buf <- momentum buf + g``; ``w <- w - lr buf``
+    (the momentum buffer starts at 0 in every run).
+
+    Attributes:
+        lr: learning rate, finite and > 0.
+        momentum: heavy-ball momentum in [0, 1).
+        proximal_mu: FedProx's mu >= 0 (needs ``anchor`` in :meth:`ClientsDpSgd.run`).
+    """
+
+    lr: float
+    momentum: float = 0.0
+    proximal_mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        _validate.positive("lr", self.lr)
+        m = _validate.nonnegative("momentum", self.momentum)
+        if not m < 1:
+            raise InvalidParameterError("momentum", self.momentum, "in [0, 1)")
+        _validate.nonnegative("proximal_mu", self.proximal_mu)
+
+
+def sampling_rates(sizes: Any, batch_size: int) -> Tensor:
+    """``q_i = min(1, b / n_i)`` per client, float64.
+
+    Example:
+        >>> sampling_rates([10, 40], 20).tolist()
+        [1.0, 0.5]
+    """
+    b = _validate.positive_int("batch_size", batch_size)
+    n = torch.as_tensor(_validate.positive_int_array("sizes", sizes), dtype=torch.float64)
+    return torch.clamp(b / n, max=1.0)
+
+
+def steps_for_epochs(sizes: Any, epochs: Any, batch_size: int) -> Tensor:
+    """``epochs_i * ceil(n_i / b)`` steps per client (int64): ``epochs_i`` expected passes.
+
+    Example:
+        >>> steps_for_epochs([10, 45], [2, 1], 20).tolist()
+        [2, 3]
+    """
+    b = _validate.positive_int("batch_size", batch_size)
+    n = torch.as_tensor(_validate.positive_int_array("sizes", sizes))
+    e = torch.as_tensor(epochs, dtype=torch.int64).expand_as(n)
+    if bool((e < 0).any()):
+        raise InvalidParameterError("epochs", epochs, "integers >= 0")
+    return e * torch.div(n + b - 1, b, rounding_mode="floor")
+
+
+def _flatten(params: Mapping[str, Tensor], k: int) -> Tensor:
+    return torch.cat([v.reshape(k, -1) for v in params.values()], dim=1)
+
+
+def _unflatten(theta: Tensor, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    out, at = {}, 0
+    for n, s in shapes.items():
+        size = math.prod(s)
+        out[n] = theta[:, at:at + size].reshape(theta.shape[0], *s)
+        at += size
+    return out
+
+
+def _poisson_rows(take: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(K, B) row indices, sampled rows first, and their weights (1 sampled, 0 filler); the
+    fillers are the client's own unsampled records where it has them."""
+    b = max(int(take.sum(1).max()) if take.numel() else 0, 1)
+    key = take.to(torch.int8) * 2 + mask.to(torch.int8)
+    order = torch.argsort(key, dim=1, descending=True, stable=True)[:, :b]
+    return order, torch.gather(take, 1, order).to(torch.float64)
+
+
+class ClientsDpSgd:
+    """Record-level DP-SGD of K clients of one module, batched (module docstring).
+
+    Args:
+        module: the model; its forward treats examples independently. Per-example gradients
+            come from ``torch.func`` (``vmap`` over clients of ``vmap(grad)`` over examples)
+            unless ``clipped_grad_sum`` is given. May be None with ``clipped_grad_sum``.
+        l2_clip_norm: C, finite and > 0.
+        noise_multiplier: z, noise stddev / C, finite and > 0.
+        loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
+            cross-entropy).
+        clipped_grad_sum: a model's own clipped sum on flat parameters
+            (:data:`ClippedSumFn`), e.g. closed-form per-example norms, used instead of
+            ``torch.func``.
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> dp = ClientsDpSgd(net, l2_clip_norm=1.0, noise_multiplier=1.0)
+        >>> k, n = 4, 6
+        >>> params = {name: p.detach().expand(k, *p.shape).clone()
+        ...           for name, p in net.named_parameters()}
+        >>> data = ClientBatch(torch.randn(k, n, 3), torch.randint(0, 2, (k, n)),
+        ...                    torch.tensor([6, 5, 6, 3]))
+        >>> out = dp.run(params, data, steps=torch.tensor([2, 2, 1, 0]),
+        ...              sampling_rates=sampling_rates(data.sizes, 2), client_keys=range(k),
+        ...              rng=ClientStreams(seed=1), update=LocalSgd(lr=0.1))
+        >>> out["weight"].shape, bool((out["weight"][3] == params["weight"][3]).all())
+        (torch.Size([4, 2, 3]), True)
+    """
+
+    def __init__(self, module: nn.Module | None = None, *, l2_clip_norm: float,
+                 noise_multiplier: float, loss_fn: LossFn | None = None,
+                 clipped_grad_sum: ClippedSumFn | None = None) -> None:
+        self.l2_clip_norm = _validate.positive("l2_clip_norm", l2_clip_norm)
+        self.noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
+        if module is None and clipped_grad_sum is None:
+            raise InvalidParameterError("module", None, "a torch.nn.Module, or else "
+                                        "clipped_grad_sum= (a model's own clipped sum)")
+        if module is not None:
+            check_module(module)
+        if clipped_grad_sum is not None and not callable(clipped_grad_sum):
+            raise InvalidParameterError("clipped_grad_sum", clipped_grad_sum, "a callable")
+        self.module, self.loss_fn = module, loss_fn or cross_entropy_per_example
+        self._own = clipped_grad_sum
+
+    # ------------------------------------------------------------------ privacy
+    def step_event(self, sampling_rate: float) -> Any:
+        """The event of one step of a client sampled at ``sampling_rate``."""
+        return step_event(self.noise_multiplier, sampling_rate)
+
+    def client_event(self, sampling_rate: float, steps: int) -> Any:
+        """The event of a client's run: ``steps`` uses of :meth:`step_event`."""
+        return privkit.SelfComposedDpEvent(self.step_event(sampling_rate),
+                                           _validate.positive_int("steps", steps))
+
+    def _charge(self, ledger: Any, client_ids: list[Any], q: Tensor, steps: Tensor,
+                label: str, round_: int | None) -> None:
+        groups: dict[tuple[float, int], list[Any]] = {}
+        for cid, qi, si in zip(client_ids, q.tolist(), steps.tolist()):
+            if si > 0:
+                groups.setdefault((qi, si), []).append(cid)
+        over = []
+        for (qi, si), ids in groups.items():
+            bad = ledger.would_exceed(ids, self.step_event(qi), count=si)
+            over += [c for c, b in zip(ids, bad) if b]
+        if over:
+            raise BudgetExceededError(
+                f"DP-SGD would exceed the ledger's epsilon budget for {len(over)} client(s): "
+                f"{', '.join(map(repr, over[:5]))}{' ...' if len(over) > 5 else ''}; nothing "
+                "was charged or trained")
+        for (qi, si), ids in groups.items():
+            ledger.spend(ids, self.step_event(qi), count=si, label=label, round=round_)
+
+    # ------------------------------------------------------------------ checks
+    def _setup(self, params: Mapping[str, Tensor], data: ClientBatch, steps: Any,
+               sampling_rates: Any, client_keys: Any, rng: Any, update: Any,
+               anchor: Mapping[str, Tensor] | None, ledger: Any, client_ids: Any
+               ) -> dict[str, Any]:
+        if not isinstance(params, Mapping) or not params:
+            raise InvalidParameterError("params", params, "a non-empty dict of (K, ...) tensors")
+        first = next(iter(params.values()))
+        k = first.shape[0] if first.dim() else 0
+        for n, v in params.items():
+            if not (isinstance(v, Tensor) and v.is_floating_point() and v.dim() >= 1
+                    and v.shape[0] == k and v.dtype == first.dtype):
+                raise InvalidParameterError(f"params[{n!r}]", getattr(v, "shape", v),
+                                            f"a floating ({k}, ...) tensor of dtype "
+                                            f"{first.dtype}")
+        shapes = {n: tuple(v.shape[1:]) for n, v in params.items()}
+        if self.module is not None:
+            mine = {n: tuple(p.shape) for n, p in self.module.named_parameters()
+                    if p.requires_grad}
+            if mine != shapes:
+                raise InvalidParameterError("params", shapes,
+                                            f"the module's trainable parameters {mine}")
+        if not isinstance(data, tuple) or len(data) != 3:
+            raise InvalidParameterError("data", type(data).__name__, "a ClientBatch(x, y, sizes)")
+        x, y, sizes = data
+        if x.dim() < 2 or x.shape[0] != k or y.shape[:2] != x.shape[:2]:
+            raise InvalidParameterError("data.x", tuple(x.shape),
+                                        f"(K={k}, N, ...) inputs with (K, N, ...) targets")
+        dev = first.device
+        n = torch.as_tensor(_validate.positive_int_array("data.sizes", sizes.cpu()), device=dev)
+        if n.shape != (k,) or bool((n > x.shape[1]).any()):
+            raise InvalidParameterError("data.sizes", sizes.tolist(),
+                                        f"{k} sizes in [1, {x.shape[1]}]")
+        s = torch.as_tensor(steps).to(dev)
+        if s.shape != (k,) or s.is_floating_point() or bool((s < 0).any()):
+            raise InvalidParameterError("steps", steps, f"{k} integers >= 0")
+        q = torch.as_tensor(sampling_rates, dtype=torch.float64).to(dev)
+        if q.shape != (k,) or not bool(((q > 0) & (q <= 1)).all()):
+            raise InvalidParameterError("sampling_rates", sampling_rates, f"{k} rates in (0, 1]")
+        keys = torch.as_tensor(list(client_keys) if not isinstance(client_keys, Tensor)
+                               else client_keys)
+        if keys.shape != (k,) or len(set(keys.tolist())) != k:
+            raise InvalidParameterError("client_keys", client_keys, f"{k} distinct integers")
+        if not isinstance(rng, (ClientStreams, SecureRandom)):
+            raise InvalidParameterError("rng", rng, "a privkit.torch.ClientStreams or a "
+                                        "privkit.SecureRandom (one stream per client)")
+        if not isinstance(update, LocalSgd):
+            raise InvalidParameterError("update", update, "a privkit.torch.LocalSgd")
+        bar = None
+        if update.proximal_mu:
+            if anchor is None or list(anchor) != list(params):
+                raise InvalidParameterError("anchor", None if anchor is None else list(anchor),
+                                            "the global model {name: tensor} (same names "
+                                            "as params) when proximal_mu > 0")
+            bar = torch.cat([anchor[nm].reshape(1, -1) for nm in params], 1).to(torch.float64)
+        ids = None
+        if ledger is not None:
+            ids = list(keys.tolist() if client_ids is None else client_ids)
+            if len(ids) != k:
+                raise InvalidParameterError("client_ids", client_ids, f"{k} ledger ids")
+        return dict(k=k, shapes=shapes, dtype=first.dtype, dev=dev, n=n, steps=s, q=q,
+                    keys=keys, bar=bar, ids=ids)
+
+    # ------------------------------------------------------------------ draws
+    def _draws(self, rng: Any, keys: Tensor, steps: list[int], width: int, d: int,
+               dtype: torch.dtype, dev: Any) -> tuple[Tensor, Tensor]:
+        """Uniforms (S, K, width) float64 and standard normals (S, K, d) of these steps."""
+        k = keys.shape[0]
+        if isinstance(rng, SecureRandom):
+            u = np.asarray(rng.uniform((len(steps), k, width)))
+            z = np.asarray(rng.gaussian(1.0, (len(steps), k, d)))
+            return (torch.from_numpy(u).to(dev),
+                    torch.from_numpy(z).to(device=dev, dtype=torch.float64))
+        s = torch.tensor(steps, dtype=torch.int64)
+        return (rng.uniforms(keys, s, width, device=dev),
+                rng.normals(keys, s, d, dtype=dtype, device=dev))
+
+    # ------------------------------------------------------------------ gradients
+    def _clipped(self, theta: Tensor, shapes: Mapping[str, tuple[int, ...]], x: Tensor,
+                 y: Tensor, w: Tensor) -> Tensor:
+        """(K, d): clipped per-example gradient sums of the rows (weights w) per client."""
+        dtype = theta.dtype
+
+        def factor(norms: Tensor) -> Tensor:
+            return clip_factors(norms, self.l2_clip_norm, dtype, w)
+
+        if self._own is not None:
+            return self._own(theta, x, y, factor)
+        return self.func_clipped_grad_sum(theta, x, y, factor, shapes)
+
+    def func_clipped_grad_sum(self, theta: Tensor, x: Tensor, y: Tensor,
+                              factor: Callable[[Tensor], Tensor],
+                              shapes: Mapping[str, tuple[int, ...]]) -> Tensor:
+        """The module's :data:`ClippedSumFn` by ``torch.func``: ``vmap`` over the clients of
+        ``vmap(grad)`` over the examples (materialised ``(K, B, d)``)."""
+        assert self.module is not None
+        module, loss_fn = self.module, self.loss_fn
+        rest = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
+        rest.update(dict(module.named_buffers()))
+
+        def one(p: dict[str, Tensor], xk: Tensor, yk: Tensor) -> dict[str, Tensor]:
+            return func_per_example_grads(module, p, (xk,), yk, loss_fn, rest)
+
+        per = torch.func.vmap(one)(_unflatten(theta, shapes), x, y)
+        k, b = x.shape[:2]
+        sq = sum((v * v).reshape(k, b, -1).sum(2).to(torch.float64) for v in per.values())
+        f = factor(torch.as_tensor(sq).sqrt()).to(theta.dtype)
+        return torch.cat([torch.einsum("kb,kbd->kd", f, v.reshape(k, b, -1))
+                          for v in per.values()], dim=1)
+
+    # ------------------------------------------------------------------ runs
+    @torch.no_grad()
+    def run(self, params: Mapping[str, Tensor], data: ClientBatch, *, steps: Any,
+            sampling_rates: Any, client_keys: Any, rng: ClientStreams | SecureRandom,
+            update: LocalSgd, anchor: Mapping[str, Tensor] | None = None, ledger: Any = None,
+            client_ids: Any = None, label: str = "dpsgd", round: int | None = None,  # noqa: A002
+            ) -> dict[str, Tensor]:
+        """Train the K clients, each for its own number of steps; return their parameters.
+
+        Args:
+            params: ``{name: (K, *shape)}`` starting parameters (not modified).
+            data: :class:`ClientBatch` of the K clients.
+            steps: ``(K,)`` local steps per client (0: the client does nothing).
+            sampling_rates: ``(K,)`` Poisson rates q_i in (0, 1] (:func:`sampling_rates`).
+            client_keys: ``(K,)`` distinct stream keys in [0, 2**32) (e.g. client indices).
+            rng: :class:`ClientStreams` (reproducible) or :class:`privkit.SecureRandom`.
+            update: :class:`LocalSgd`; anchor: the global model ``{name: shape}`` for
+                ``proximal_mu``.
+            ledger: optional :class:`~privkit.ledger.Ledger`; every client with steps is
+                charged ``s_i`` steps of ``PoissonSampledDpEvent(q_i, GaussianDpEvent(z))``
+                before any noise is drawn (``label``, ``round``); over budget: nothing is
+                charged or trained (:class:`~privkit.BudgetExceededError`).
+            client_ids: the clients' ledger ids (default: ``client_keys``).
+
+        Returns:
+            ``{name: (K, *shape)}`` trained parameters, in the dtype of ``params``.
+        """
+        c = self._setup(params, data, steps, sampling_rates, client_keys, rng, update,
+                        anchor, ledger, client_ids)
+        k, dev, dtype = c["k"], c["dev"], c["dtype"]
+        theta = _flatten(params, k).to(torch.float64)
+        d = theta.shape[1]
+        x, y = data.x.to(dev), data.y.to(dev)
+        if x.is_floating_point():
+            x = x.to(dtype)
+        width = x.shape[1]
+        mask = torch.arange(width, device=dev)[None, :] < c["n"][:, None]
+        q, n, s_i = c["q"], c["n"], c["steps"]
+        expected = (q * n.to(torch.float64))[:, None]
+        stddev = self.noise_multiplier * self.l2_clip_norm
+        if ledger is not None:
+            self._charge(ledger, c["ids"], q, s_i, label, round)
+        buf = torch.zeros_like(theta)
+        total = int(s_i.max()) if k else 0
+        chunk = max(1, min(total, _DRAW_CHUNK // max(1, k * (width + d))))
+        ar = torch.arange(k, device=dev)[:, None]
+        for start in range(0, total, chunk):
+            steps_here = list(range(start, min(total, start + chunk)))
+            us, zs = self._draws(rng, c["keys"], steps_here, width, d, dtype, dev)
+            for j, s in enumerate(steps_here):
+                rows, w = _poisson_rows((us[j] < q[:, None]) & mask, mask)
+                summed = self._clipped(theta.to(dtype), c["shapes"], x[ar, rows], y[ar, rows], w)
+                g = (summed.to(torch.float64) + zs[j].to(torch.float64) * stddev) / expected
+                theta = _apply(update, theta, g, buf, c["bar"], s_i > s)
+        out = _unflatten(theta.to(dtype), c["shapes"])
+        return {nm: v.clone() for nm, v in out.items()}
+
+    @torch.no_grad()
+    def reference_run(self, params: Mapping[str, Tensor], data: ClientBatch, *, steps: Any,
+                      sampling_rates: Any, client_keys: Any, rng: ClientStreams,
+                      update: LocalSgd, anchor: Mapping[str, Tensor] | None = None
+                      ) -> dict[str, Tensor]:
+        """:meth:`run` one client, one step and one example at a time (per-example autograd,
+        or the model's own ``clipped_grad_sum`` on one example): the reference the batched
+        path is tested against. It draws the same numbers (:class:`ClientStreams`)."""
+        if not isinstance(rng, ClientStreams):
+            raise InvalidParameterError("rng", rng, "a ClientStreams (reproducible draws)")
+        c = self._setup(params, data, steps, sampling_rates, client_keys, rng, update,
+                        anchor, None, None)
+        k, dev, dtype, shapes = c["k"], c["dev"], c["dtype"], c["shapes"]
+        theta = _flatten(params, k).to(torch.float64)
+        d = theta.shape[1]
+        stddev = self.noise_multiplier * self.l2_clip_norm
+        out = []
+        for i in range(k):
+            key, n_i, q_i = [int(c["keys"][i])], int(c["n"][i]), float(c["q"][i])
+            th, buf = theta[i:i + 1].clone(), torch.zeros(1, d, dtype=torch.float64, device=dev)
+            for s in range(int(c["steps"][i])):
+                u, z = self._draws(rng, torch.tensor(key), [s], n_i, d, dtype, dev)
+                total = torch.zeros(d, dtype=torch.float64, device=dev)
+                for j in range(n_i):
+                    if not float(u[0, 0, j]) < q_i:
+                        continue
+                    xj = data.x[i, j].to(dev)
+                    xj = xj.to(dtype) if xj.is_floating_point() else xj
+                    gj = self._one_example(th.to(dtype), shapes, xj, data.y[i, j].to(dev))
+                    f = clip_factors(torch.linalg.vector_norm(gj.to(torch.float64))[None],
+                                     self.l2_clip_norm, dtype)
+                    total += (gj * f.to(dtype)).to(torch.float64)
+                g = (total + z[0, 0].to(torch.float64) * stddev) / (q_i * n_i)
+                th = _apply(update, th, g[None], buf, c["bar"], torch.ones(1, dtype=torch.bool))
+            out.append(th)
+        res = _unflatten(torch.cat(out).to(dtype), shapes)
+        return {nm: v.clone() for nm, v in res.items()}
+
+    def _one_example(self, theta: Tensor, shapes: Mapping[str, tuple[int, ...]], x: Tensor,
+                     y: Tensor) -> Tensor:
+        """(d,): one example's gradient (autograd on the module, or the model's own sum
+        with factor 1)."""
+        if self._own is not None:
+            def one(norms: Tensor) -> Tensor:
+                return torch.ones_like(norms)
+            return self._own(theta, x[None, None], y[None, None], one)[0]
+        assert self.module is not None
+        p = {n: v[0].detach().requires_grad_(True) for n, v in _unflatten(theta, shapes).items()}
+        rest = {n: q.detach() for n, q in self.module.named_parameters() if not q.requires_grad}
+        rest.update(dict(self.module.named_buffers()))
+        with torch.enable_grad():
+            out = torch.func.functional_call(self.module, (p, rest), (x[None],))
+            loss = self.loss_fn(out, y[None]).sum()
+            grads = torch.autograd.grad(loss, list(p.values()), allow_unused=True)
+        return torch.cat([(g if g is not None else torch.zeros_like(v)).reshape(-1)
+                          for g, v in zip(grads, p.values())])
+
+
+def _apply(update: LocalSgd, theta: Tensor, g: Tensor, buf: Tensor, bar: Tensor | None,
+           active: Tensor) -> Tensor:
+    """One :class:`LocalSgd` step of the active clients (``buf`` updated in place)."""
+    if update.proximal_mu:
+        g = g + update.proximal_mu * (theta - bar)
+    a = active.to(theta.device)[:, None]
+    buf.copy_(torch.where(a, update.momentum * buf + g, buf))
+    return torch.where(a, theta - update.lr * buf, theta)

@@ -1,0 +1,446 @@
+"""Per-example gradients, their norms and clipped sums for any ``nn.Module``.
+
+The privacy unit is one example (one record): the module's forward must treat the examples
+of a batch independently (row i of the output depends only on row i of the input), and the
+loss must be given per example (``loss_fn(output, targets)`` returns shape ``(B,)``; the
+default is cross-entropy). Layers that mix the examples of a batch are refused by name
+(:func:`check_module`). Two ways to get what DP-SGD needs (:class:`GradMethod`):
+
+- ``GHOST`` (default): one forward and one backward pass to the layers' outputs only. The
+  layers with a rule in :mod:`privkit.torch._layers` (``Linear``, ``Conv1d/2d/3d``,
+  ``Embedding``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm``) get their per-example gradient
+  norms and the clipped sum from their inputs and output gradients without materialising
+  per-example gradients where that is cheaper (ghost clipping); any other module that holds
+  parameters gets its per-example gradients from ``torch.func`` (``vmap`` of ``vjp`` over
+  the examples, for that module alone). Hooks live only for the duration of one call.
+- ``FUNC``: ``vmap(grad(loss))`` of the whole model over the examples (``functional_call``),
+  materialising every per-example gradient: the simplest path, for any module ``torch.func``
+  can transform, and the reference the ghost path is tested against.
+
+``GHOST`` assumes that each parameter is used only inside the forward of the module that
+holds it (a parameter shared by two modules, or used by another module's forward, as
+``nn.MultiheadAttention`` does with ``out_proj``, is refused by name: use ``FUNC`` there).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
+from torch.func import functional_call, grad, vjp, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from privkit import _validate
+from privkit.errors import InvalidParameterError
+from privkit.torch._layers import RULES, Parts, materialized
+
+__all__ = ["GradMethod", "ClippedGradSum", "check_module", "per_example_grads",
+           "per_example_norms", "clipped_grad_sum", "clip_factors", "cross_entropy_per_example"]
+
+LossFn = Callable[[Any, Any], Tensor]
+
+
+class GradMethod(enum.Enum):
+    """How per-example gradient norms and clipped sums are computed (module docstring)."""
+
+    GHOST = "ghost"
+    FUNC = "func"
+
+
+@dataclass(frozen=True, eq=False)
+class ClippedGradSum:
+    """``sum_i f_i grad_i`` over a batch, with ``f_i = min(1, C / ||grad_i||)``.
+
+    Attributes:
+        grads: ``{parameter name: tensor}`` for every trainable parameter of the module
+            (``named_parameters()`` order and names), in the parameters' dtype.
+        norms: ``(B,)`` float64 norms of the unclipped per-example gradients.
+    """
+
+    grads: dict[str, Tensor]
+    norms: Tensor
+
+
+def cross_entropy_per_example(output: Tensor, targets: Tensor) -> Tensor:
+    """The default loss: ``F.cross_entropy(output, targets, reduction="none")``, shape (B,)."""
+    return F.cross_entropy(output, targets, reduction="none")
+
+
+# ------------------------------------------------------------------------------ checks
+def _mixing(module: nn.Module) -> str | None:
+    """Why ``module`` mixes the examples of a batch (None if it does not)."""
+    name = type(module).__name__
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if module.training or module.running_mean is None:
+            return (f"{name} normalises with the statistics of the whole batch; use "
+                    f"nn.GroupNorm(num_groups, {module.num_features}) instead")
+    elif isinstance(module, nn.modules.instancenorm._InstanceNorm):
+        if module.training and module.track_running_stats:
+            return (f"{name} with track_running_stats=True updates its running statistics "
+                    "from the whole batch; use track_running_stats=False or nn.GroupNorm")
+    elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        if module.scale_grad_by_freq:
+            return (f"{name} with scale_grad_by_freq=True scales gradients by token counts "
+                    "over the whole batch; use scale_grad_by_freq=False")
+        if module.max_norm is not None:
+            return (f"{name} with max_norm renormalises its weight in place from the batch's "
+                    "tokens, outside the noise; use max_norm=None")
+    return None
+
+
+def check_module(module: nn.Module) -> None:
+    """Refuse a module with a layer that mixes the examples of a batch.
+
+    Raises:
+        InvalidParameterError: naming the layer (qualified name and type) and what to use
+            instead, e.g. BatchNorm in training mode (use ``nn.GroupNorm``).
+
+    Example:
+        >>> try:
+        ...     check_module(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)))
+        ... except InvalidParameterError as err:
+        ...     print(err.name, "|", err.value, "|", err.requirement[-40:])
+        module '1' | BatchNorm1d | use nn.GroupNorm(num_groups, 8) instead)
+    """
+    if not isinstance(module, nn.Module):
+        raise InvalidParameterError("module", module, "a torch.nn.Module")
+    for qual, m in module.named_modules():
+        why = _mixing(m)
+        if why is not None:
+            raise InvalidParameterError(
+                f"module {qual or type(module).__name__!r}",
+                type(m).__name__,
+                f"a layer whose output for one example depends on that example only ({why})")
+
+
+def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in module.named_parameters() if p.requires_grad}
+
+
+def _as_tuple(inputs: Any) -> tuple[Any, ...]:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _batch_size(inputs: tuple[Any, ...], targets: Any) -> int:
+    leaves = [x for x in tree_flatten((inputs, targets))[0] if isinstance(x, Tensor)]
+    if not leaves or leaves[0].dim() == 0:
+        raise InvalidParameterError("inputs", type(inputs).__name__,
+                                    "tensors with a leading batch dimension")
+    b = leaves[0].shape[0]
+    for x in leaves:
+        if x.dim() == 0 or x.shape[0] != b:
+            raise InvalidParameterError("inputs", tuple(x.shape),
+                                        f"tensors whose leading (batch) dimension is {b}")
+    return b
+
+
+#: The clip factor is shrunk by this many ulps of the parameters' dtype: it covers the
+#: rounding of the squared norms (summed in that dtype, cascade summation) and of the
+#: clipped sum, so that no example's contribution exceeds C.
+CLIP_MARGIN_ULPS = 64
+
+
+def clip_factors(norms: Tensor, l2_clip_norm: float, dtype: torch.dtype,
+                 weights: Tensor | None = None) -> Tensor:
+    """``min(1, C / norm)`` per example (float64), shrunk by :data:`CLIP_MARGIN_ULPS` ulps
+    of ``dtype``; times ``weights`` (e.g. 0 on padding rows) when given.
+
+    Example:
+        >>> clip_factors(torch.tensor([0.5, 4.0], dtype=torch.float64), 1.0, torch.float64)
+        tensor([1.0000, 0.2500], dtype=torch.float64)
+    """
+    f = torch.clamp(l2_clip_norm / torch.clamp(norms, min=1e-300), max=1.0)
+    f = f * (1.0 - CLIP_MARGIN_ULPS * torch.finfo(dtype).eps)
+    return f if weights is None else f * weights.to(torch.float64)
+
+
+# ------------------------------------------------------------------------------ torch.func path
+def func_per_example_grads(module: nn.Module, params: Mapping[str, Tensor],
+                           inputs: tuple[Any, ...], targets: Any, loss_fn: LossFn,
+                           rest: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``vmap(grad)`` over the examples: ``{name: (B, *shape)}`` for ``params``; ``rest``
+    (frozen parameters, buffers) is held fixed. Composable with an outer ``vmap``."""
+
+    def one(p: Mapping[str, Tensor], xs: tuple[Any, ...], y: Any) -> Tensor:
+        xs1 = tuple(x.unsqueeze(0) if isinstance(x, Tensor) else x for x in xs)
+        leaves, spec = tree_flatten(y)
+        y1 = tree_unflatten([t.unsqueeze(0) for t in leaves], spec)
+        return loss_fn(functional_call(module, (dict(p), dict(rest)), xs1), y1).sum()
+
+    in_x = tuple(0 if isinstance(x, Tensor) else None for x in inputs)
+    return vmap(grad(one), in_dims=(None, in_x, 0))(dict(params), inputs, targets)
+
+
+def _rest(module: nn.Module) -> dict[str, Tensor]:
+    out = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
+    out.update(dict(module.named_buffers()))
+    return out
+
+
+def per_example_grads(module: nn.Module, inputs: Any, targets: Any, *,
+                      loss_fn: LossFn | None = None) -> dict[str, Tensor]:
+    """Every example's gradient, ``{parameter name: (B, *shape)}``, by ``torch.func``.
+
+    Args:
+        module: the model; its forward must treat examples independently.
+        inputs: the forward's input (a tensor, or a tuple of positional inputs), batch first.
+        targets: what ``loss_fn`` compares the output with, batch first.
+        loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
+            cross-entropy).
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> g = per_example_grads(net, torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1]))
+        >>> tuple(g["weight"].shape), tuple(g["bias"].shape)
+        ((5, 2, 3), (5, 2))
+    """
+    check_module(module)
+    xs = _as_tuple(inputs)
+    _batch_size(xs, targets)
+    params = {n: p.detach() for n, p in _trainable(module).items()}
+    return func_per_example_grads(module, params, xs, targets,
+                                  loss_fn or cross_entropy_per_example, _rest(module))
+
+
+# ------------------------------------------------------------------------------ ghost path
+@dataclass
+class _Call:
+    """One call of a planned module: its inputs, and the gradient edges of the output leaves
+    that require grad (positions ``pos`` among the output's pytree leaves)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    edges: list[Any]
+    pos: list[int]
+    outs: list[Tensor]  # the output leaves at ``pos`` (shapes, dtypes; not modified)
+
+
+@dataclass
+class _Entry:
+    qual: str
+    module: nn.Module
+    own: dict[str, nn.Parameter]
+    calls: list[_Call]
+
+    @property
+    def label(self) -> str:
+        return f"module {self.qual or type(self.module).__name__!r}"
+
+
+def _plan(module: nn.Module) -> list[_Entry]:
+    seen: dict[int, str] = {}
+    plan = []
+    for qual, m in module.named_modules():
+        own = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
+        for n, p in own.items():
+            full = f"{qual}.{n}" if qual else n
+            if id(p) in seen:
+                raise InvalidParameterError(
+                    f"parameter {full!r}", f"shared with {seen[id(p)]!r}",
+                    "used by one module only for method=GradMethod.GHOST (use GradMethod.FUNC)")
+            seen[id(p)] = full
+        if own:
+            plan.append(_Entry(qual, m, own, []))
+    return plan
+
+
+@contextmanager
+def _recording(plan: list[_Entry]) -> Iterator[None]:
+    """Record every call of the planned modules (inputs, output gradient edges) while the
+    context is open; the hooks are removed when it closes."""
+
+    def hook_for(entry: _Entry) -> Callable[..., None]:
+        def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            leaves = tree_flatten(out)[0]
+            pos = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
+            entry.calls.append(_Call(args, kwargs, [get_gradient_edge(leaves[i]) for i in pos],
+                                     pos, [leaves[i] for i in pos]))
+        return hook
+
+    handles = [e.module.register_forward_hook(hook_for(e), with_kwargs=True) for e in plan]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _fallback(entry: _Entry, calls: list[tuple[_Call, list[Tensor | None]]], b: int) -> Parts:
+    """Per-example gradients of one module's own parameters by ``vmap`` of ``vjp``."""
+    own = {n: p.detach() for n, p in entry.own.items()}
+    total: dict[str, Tensor] = {}
+    mod = entry.module
+    for call, gs in calls:
+        leaves, in_spec = tree_flatten((call.args, call.kwargs))
+        dims = [0 if isinstance(x, Tensor) and x.dim() and x.shape[0] == b else None
+                for x in leaves]
+        leaves = [x.detach() if isinstance(x, Tensor) else x for x in leaves]
+        cot = [g if g is not None else torch.zeros_like(o) for o, g in zip(call.outs, gs)]
+        pos = call.pos
+
+        def one(p: dict[str, Tensor], xs: list[Any], g1: list[Tensor],
+                _dims: list[Any] = dims, _spec: Any = in_spec, _pos: list[int] = pos,
+                _mod: nn.Module = mod) -> dict[str, Tensor]:
+            xs = [x.unsqueeze(0) if d == 0 else x for x, d in zip(xs, _dims)]
+            a, kw = tree_unflatten(xs, _spec)
+
+            def f(q: dict[str, Tensor]) -> tuple[Tensor, ...]:
+                out = tree_flatten(functional_call(_mod, q, tuple(a), kw))[0]
+                return tuple(out[i] for i in _pos)
+
+            _, pull = vjp(f, p)
+            return pull(tuple(g.unsqueeze(0) for g in g1))[0]
+
+        try:
+            per = vmap(one, in_dims=(None, dims, 0))(own, leaves, cot)
+        except RuntimeError as err:
+            raise InvalidParameterError(
+                entry.label, type(entry.module).__name__,
+                f"a module torch.func can take per-example gradients of ({err}); "
+                "use method=GradMethod.FUNC or another layer") from err
+        for n, v in per.items():
+            total[n] = total[n] + v if n in total else v
+    return materialized(total)
+
+
+def _ghost(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: LossFn,
+           b: int) -> tuple[Tensor, Callable[[Tensor], dict[str, Tensor]]]:
+    """Per-example squared norms (B,) and the weighted sum ``f -> {name: sum_i f_i g_i}``."""
+    plan = _plan(module)
+    with _recording(plan), torch.enable_grad():
+        losses = loss_fn(module(*inputs), targets)
+    if not (isinstance(losses, Tensor) and losses.shape == (b,)):
+        raise InvalidParameterError("loss_fn", getattr(losses, "shape", losses),
+                                    f"per-example losses of shape ({b},) (reduction='none')")
+    edges = [e for entry in plan for call in entry.calls for e in call.edges]
+    unused = [(entry, n, p) for entry in plan if not entry.calls for n, p in entry.own.items()]
+    found = torch.autograd.grad(losses.sum(), edges + [p for _, _, p in unused],
+                                allow_unused=True) if edges or unused else ()
+    for (entry, n, _), g in zip(unused, found[len(edges):]):
+        if g is not None:
+            full = f"{entry.qual}.{n}" if entry.qual else n
+            raise InvalidParameterError(
+                f"parameter {full!r}", "used outside the forward of the module holding it",
+                "used by its own module only for method=GradMethod.GHOST "
+                "(use GradMethod.FUNC)")
+    it = iter(found[:len(edges)])
+    parts: list[tuple[_Entry, Parts]] = []
+    for entry in plan:
+        calls = [(call, [next(it) for _ in call.edges]) for call in entry.calls]
+        for call, _ in calls:
+            for o in call.outs:
+                if o.dim() == 0 or o.shape[0] != b:
+                    raise InvalidParameterError(
+                        entry.label, f"an output of shape {tuple(o.shape)}",
+                        f"per-example outputs with a leading batch dimension {b} for "
+                        "method=GradMethod.GHOST (use GradMethod.FUNC)")
+        calls = [(c, gs) for c, gs in calls if any(g is not None for g in gs)]
+        if not calls:
+            continue
+        rule = RULES.get(type(entry.module))
+        if rule is not None:
+            pairs = [(c.args[0].detach(), gs[0]) for c, gs in calls]
+            parts.append((entry, rule(entry.module, pairs, set(entry.own))))
+        else:
+            parts.append((entry, _fallback(entry, calls, b)))
+    sq = torch.zeros(b, dtype=torch.float64, device=losses.device)
+    for _, p in parts:
+        sq = sq + p.sq
+
+    def weighted(f: Tensor) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for entry, p in parts:
+            for n, v in p.weighted(f).items():
+                out[f"{entry.qual}.{n}" if entry.qual else n] = v
+        return out
+
+    return sq, weighted
+
+
+# ------------------------------------------------------------------------------ public
+def _setup(module: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None,
+           method: Any) -> tuple[tuple[Any, ...], int, LossFn, GradMethod]:
+    check_module(module)
+    if not isinstance(method, GradMethod):
+        raise InvalidParameterError("method", method, "a privkit.torch.GradMethod")
+    xs = _as_tuple(inputs)
+    return xs, _batch_size(xs, targets), loss_fn or cross_entropy_per_example, method
+
+
+def _sq_and_weighted(module: nn.Module, xs: tuple[Any, ...], targets: Any, loss_fn: LossFn,
+                     b: int, method: GradMethod
+                     ) -> tuple[Tensor, Callable[[Tensor], dict[str, Tensor]]]:
+    if method is GradMethod.GHOST:
+        return _ghost(module, xs, targets, loss_fn, b)
+    params = {n: p.detach() for n, p in _trainable(module).items()}
+    parts = materialized(func_per_example_grads(module, params, xs, targets, loss_fn,
+                                                _rest(module)))
+    return parts.sq, parts.weighted
+
+
+def per_example_norms(module: nn.Module, inputs: Any, targets: Any, *,
+                      loss_fn: LossFn | None = None,
+                      method: GradMethod = GradMethod.GHOST) -> Tensor:
+    """``(B,)`` float64 L2 norms of the per-example gradients (all trainable parameters).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> x, y = torch.randn(6, 3), torch.tensor([0, 1, 1, 0, 1, 0])
+        >>> a = per_example_norms(net, x, y)
+        >>> b = per_example_norms(net, x, y, method=GradMethod.FUNC)
+        >>> bool(torch.allclose(a, b)), a.dtype
+        (True, torch.float64)
+    """
+    xs, b, loss_fn, method = _setup(module, inputs, targets, loss_fn, method)
+    if b == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    return _sq_and_weighted(module, xs, targets, loss_fn, b, method)[0].sqrt()
+
+
+def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_norm: float,
+                     loss_fn: LossFn | None = None, weights: Tensor | None = None,
+                     method: GradMethod = GradMethod.GHOST) -> ClippedGradSum:
+    """DP-SGD's clipped sum ``sum_i w_i min(1, C / ||g_i||) g_i`` over a batch.
+
+    Args:
+        module: the model (its trainable parameters are differentiated; frozen ones, with
+            ``requires_grad=False``, are not).
+        inputs, targets, loss_fn: as in :func:`per_example_grads`.
+        l2_clip_norm: C, finite and > 0.
+        weights: optional ``(B,)`` example weights (e.g. 0 for padding rows).
+        method: :class:`GradMethod`.
+
+    Returns:
+        :class:`ClippedGradSum`; an empty batch gives zeros. Each example's contribution
+        has L2 norm at most C (its factor is shrunk by :data:`CLIP_MARGIN_ULPS` ulps).
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> s = clipped_grad_sum(net, torch.randn(4, 3), torch.tensor([0, 1, 1, 0]),
+        ...                      l2_clip_norm=0.1)
+        >>> sorted(s.grads), bool(torch.linalg.vector_norm(
+        ...     torch.cat([g.flatten() for g in s.grads.values()])) <= 0.4)
+        (['bias', 'weight'], True)
+    """
+    clip = _validate.positive("l2_clip_norm", l2_clip_norm)
+    xs, b, loss_fn, method = _setup(module, inputs, targets, loss_fn, method)
+    params = _trainable(module)
+    if weights is not None and tuple(weights.shape) != (b,):
+        raise InvalidParameterError("weights", tuple(weights.shape), f"a ({b},) tensor")
+    if b == 0:
+        return ClippedGradSum({n: torch.zeros_like(p) for n, p in params.items()},
+                              torch.zeros(0, dtype=torch.float64))
+    sq, weighted = _sq_and_weighted(module, xs, targets, loss_fn, b, method)
+    norms = sq.sqrt()
+    dtype = next(iter(params.values())).dtype if params else torch.float32
+    summed = weighted(clip_factors(norms, clip, dtype, weights))
+    grads = {n: summed[n].reshape(p.shape).to(p.dtype) if n in summed else torch.zeros_like(p)
+             for n, p in params.items()}
+    return ClippedGradSum(grads, norms)

@@ -485,7 +485,7 @@ _SHARED: dict[str, Callable[[str, Any], Any]] = {
     "local_epochs": _validate.positive_int,
     "batch_size": _validate.positive_int,
     "lr": _validate.positive,
-    "delta": _validate.delta,
+    "delta": lambda name, v: None if v is None else _validate.delta(name, v),
     "epsilon_budget": lambda name, v: None if v is None else _validate.positive(name, v),
     "seed": _validate.nonnegative_int,
     "eval_every": _validate.positive_int,

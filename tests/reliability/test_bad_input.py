@@ -350,8 +350,11 @@ ROWS: list[Bad] = [
     Bad("train-malformed-leaf", lambda t, led: main([
         "train", "upcycled", "--dataset", f"leaf:{_leaf(t, _leaf_body(num_samples=[5]))}",
         "--out", str(t / "run")]), "num_samples", cli=True),
-    Bad("train-nan-update", _train("--privacy", "output", "--lr", "1e30"),
-        "update of client", cli=True),
+    Bad("train-private-without-heldout", lambda t, led: main([
+        "train", "upcycled", "--dataset", f"leaf:{_leaf(t, _leaf_body())}", "--privacy",
+        "output", "--out", str(t / "run")]), "--eval-client-data", cli=True),
+    Bad("train-flag-that-does-not-apply", _train("--privacy", "record", "--sigma", "2"),
+        "--sigma", cli=True),
     Bad("cli-pld-extreme-noise", _cli("epsilon", "gaussian", "--noise-multiplier", "1e-200",
                                       "--steps", "1", "--delta", "1e-5", "--method", "pld"),
         "pld cannot price", cli=True),

@@ -165,7 +165,8 @@ def _hockey(comp: _Composed, eps: float) -> float:
     sel = ell > eps
     with np.errstate(over="ignore"):
         vals = -np.expm1(eps - ell[sel])
-    return (comp.inf_mass + float(np.dot(comp.pmf[sel], vals))) * (1 + _READ_RTOL)
+    # a pairwise sum, not np.dot (no BLAS threads for one vector; see _pld_step._moments)
+    return (comp.inf_mass + float((comp.pmf[sel] * vals).sum())) * (1 + _READ_RTOL)
 
 
 #: Relative allowance for reading a delta off a PMF in double precision (summation and the

@@ -115,6 +115,8 @@ class _Pair:
     # -- the privacy loss and its inverse
     def _log_mix(self, t: np.ndarray) -> np.ndarray:
         """log(1 - q + q e^t), without overflow (e^t beyond e^700 is exact to float)."""
+        if t.size and float(t.max()) <= 700.0:  # the usual case: one branch, no copies
+            return np.log1p(np.expm1(t) * self.q)
         small = np.minimum(t, 700.0)
         return np.where(t > 700.0, self.log_q + t, np.log1p(self.q * np.expm1(small)))
 
@@ -206,29 +208,49 @@ def _split(ell_hi: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray,
 
     Two-point Gauss-Legendre (exact for cubics) on pieces short enough that the Gaussian's
     exponent changes by at most 1/256 across one (width <= z/256 and <= z^2 / (256 |x - mean|));
-    most cells are shorter than that already."""
+    most cells are shorter than that already. The nodes are kept in flat arrays (one per node,
+    evaluated together): numpy is several times slower on arrays of shape (n, 2)."""
     width = x_b - x_a
     z = pair.z
-    dist = np.min([np.maximum(np.abs(x_a - m), np.abs(x_b - m)) for m in pair.means], axis=0)
+    dist = None
+    for m in pair.means:
+        d = np.maximum(np.abs(x_a - m), np.abs(x_b - m))
+        dist = d if dist is None else np.minimum(dist, d)
+    assert dist is not None
     piece = np.minimum(_PIECE * z, _PIECE * z * z / np.maximum(dist, 1e-300))
     pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
-    cell = np.repeat(np.arange(width.size), pieces)
-    first = np.cumsum(pieces) - pieces
-    j = np.arange(cell.size) - first[cell]
-    step = width[cell] / pieces[cell]
-    left = x_a[cell] + j * step
-    half = 0.5 * step
+    cell: np.ndarray | None = None
+    if width.size and int(pieces.max()) == 1:  # every cell is one piece
+        left, half, top = x_a, 0.5 * width, ell_hi
+    else:
+        cell = np.repeat(np.arange(width.size), pieces)
+        first = np.cumsum(pieces) - pieces
+        j = np.arange(cell.size) - first[cell]
+        step = width[cell] / pieces[cell]
+        left = x_a[cell] + j * step
+        half = 0.5 * step
+        top = ell_hi[cell]
     mid = left + half
-    xs = mid[:, None] + half[:, None] * _GL_NODES[None, :]
-    w = half[:, None] * _GL_WEIGHTS[None, :]
+    n = mid.size
+    xs = np.empty(2 * n)
+    np.add(mid, half * _GL_NODES[0], out=xs[:n])
+    np.add(mid, half * _GL_NODES[1], out=xs[n:])
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
         ell, dens = pair.loss_and_density(xs)
-        dens *= w
-        a = np.expm1(ell_hi[cell][:, None] - ell) / math.expm1(h)
-    a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0), 0.0, 1.0)
-    lower = np.bincount(cell, weights=(dens * a).sum(axis=1), minlength=width.size)
-    total = np.bincount(cell, weights=dens.sum(axis=1), minlength=width.size)
-    return lower, total
+        dens[:n] *= half * _GL_WEIGHTS[0]
+        dens[n:] *= half * _GL_WEIGHTS[1]
+        ell -= np.concatenate([top, top])
+        np.negative(ell, out=ell)
+        a = np.expm1(ell, out=ell)
+        a /= math.expm1(h)
+    a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0, copy=False), 0.0, 1.0, out=a)
+    a *= dens
+    lower = a[:n] + a[n:]
+    total = dens[:n] + dens[n:]
+    if cell is None:
+        return lower, total
+    return (np.bincount(cell, weights=lower, minlength=width.size),
+            np.bincount(cell, weights=total, minlength=width.size))
 
 
 def _gaussian_pmf(pair: _Pair, h: float, budget: float) -> _Pmf:
@@ -305,6 +327,8 @@ def _moments(pmf: _Pmf, h: float) -> tuple[float, float]:
     if tot <= 0:
         return 0.0, 0.0
     k = (pmf.k0 + np.arange(m.size)) * h
-    mean = float(np.dot(m, k) / tot)
-    var = float(np.dot(m, (k - mean) ** 2) / tot)
+    # Products summed by numpy's pairwise sum, not np.dot: BLAS would spin up its threads
+    # for one vector, which costs more than the sum on a busy machine (bench/accounting.py).
+    mean = float((m * k).sum() / tot)
+    var = float((m * (k - mean) ** 2).sum() / tot)
     return mean, var

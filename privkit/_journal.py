@@ -4,7 +4,7 @@
 charges into bytes, verifies them when a journal is read back, and makes them
 durable. It stores events and cached epsilons as JSON but never prices them.
 
-Format ``privkit.ledger/1`` (JSON Lines): line 1 is the header, every further
+Format ``privkit.ledger/2`` (JSON Lines): line 1 is the header, every further
 line an entry, each with ``hash`` = SHA-256 of its canonical JSON without
 ``hash`` (sorted keys, no spaces, UTF-8, no NaN). Entries chain globally
 (``prev_hash``) and per client (``client_prev_hash``, with ``client_seq``
@@ -19,6 +19,11 @@ come from a write whose fsync never returned: they are ignored on load and cut
 off before the next append. After every batch the head record beside the journal is
 replaced (:mod:`privkit._head`), so a journal that lost committed entries is told apart from
 one cut by a crash.
+
+A spend entry's ``eps_after`` caches the client's epsilon after the charge when the ledger
+priced it (``"inf"`` for no noise), else null: a charge is priced only when the budget check
+needed it (never without a budget). Format ``privkit.ledger/1``, the same but with a number in
+every ``eps_after``, is still read and appended to in its own format.
 
 Example:
     >>> canonical_json({"b": 1, "a": ["é", 0.5]})
@@ -35,7 +40,7 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from privkit import _head, _validate
@@ -43,7 +48,10 @@ from privkit.accountants.accountant import Method
 from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError, LedgerCorruptError, LedgerError
 
-SCHEMA = "privkit.ledger/1"
+SCHEMA = "privkit.ledger/2"
+#: Formats this privkit reads: ``/1`` (every ``eps_after`` a number) and ``/2`` (``eps_after``
+#: may be null); it appends to a journal in the format of its header.
+SCHEMAS = ("privkit.ledger/1", SCHEMA)
 canonical_json = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 """The canonical JSON text of a value (what entry hashes are computed over)."""
@@ -87,10 +95,11 @@ def optional(name: str, value: Any, kind: type) -> Any:
     raise InvalidParameterError(name, value, "a string or None")
 
 
-def eps_after(entry: Mapping[str, Any]) -> float:
-    """The cached epsilon of a verified spend entry (``"inf"`` is infinity)."""
+def eps_after(entry: Mapping[str, Any]) -> float | None:
+    """The cached epsilon of a verified spend entry (``"inf"`` is infinity; None: the charge
+    was not priced)."""
     eps = entry["eps_after"]
-    return math.inf if eps == "inf" else float(eps)
+    return None if eps is None else math.inf if eps == "inf" else float(eps)
 
 
 def corrupt(path: str | None, lineno: int, msg: str) -> LedgerCorruptError:
@@ -115,8 +124,8 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------ header
 def make_header(population_id: Any, delta: Any, epsilon_budget: Any, method: Any,
-                neighboring_relation: Any, created: Any) -> dict[str, Any]:
-    """A validated header (without its hash)."""
+                neighboring_relation: Any, created: Any, schema: Any = SCHEMA) -> dict[str, Any]:
+    """A validated header (without its hash) of format ``schema`` (one of :data:`SCHEMAS`)."""
     if not (isinstance(population_id, str) and population_id):
         raise InvalidParameterError("population_id", population_id, "a non-empty string")
     relation = neighboring_relation
@@ -126,7 +135,7 @@ def make_header(population_id: Any, delta: Any, epsilon_budget: Any, method: Any
         names = ", ".join(NeighboringRelation.__members__)
         raise InvalidParameterError("neighboring_relation", relation, f"one of {names}")
     return {
-        "schema": SCHEMA, "kind": "header", "population_id": population_id,
+        "schema": schema, "kind": "header", "population_id": population_id,
         "delta": _validate.delta("delta", delta),
         "epsilon_budget": (None if epsilon_budget is None
                            else _validate.positive("epsilon_budget", epsilon_budget)),
@@ -143,7 +152,7 @@ def check_header(h: dict[str, Any] | None, path: str) -> dict[str, Any]:
     if h is None:
         raise bad("not a ledger header (a JSON object line)")
     schema, prefix = h.get("schema"), SCHEMA.split("/")[0] + "/"
-    if schema != SCHEMA:
+    if schema not in SCHEMAS:
         version = str(schema)[len(prefix):] if str(schema).startswith(prefix) else ""
         if version.isdigit() and int(version) > 1:
             raise bad(f"schema {schema!r} is newer than this privkit reads ({SCHEMA!r}); "
@@ -155,7 +164,7 @@ def check_header(h: dict[str, Any] | None, path: str) -> dict[str, Any]:
     try:
         ok = make_header(*(body.get(k) for k in ("population_id", "delta", "epsilon_budget",
                                                  "method", "neighboring_relation",
-                                                 "created"))) == body
+                                                 "created", "schema"))) == body
     except InvalidParameterError as exc:
         raise bad(f"invalid header: {exc}") from None
     if not ok:
@@ -202,19 +211,21 @@ def _recover_fields_ok(e: Mapping[str, Any]) -> bool:
                                     and isinstance(record["hash"], str))))
 
 
-def _spend_fields_ok(e: Mapping[str, Any]) -> bool:
-    """Types and ranges of a spend entry's own fields (not its chain links)."""
+def _spend_fields_ok(e: Mapping[str, Any], null_eps: bool) -> bool:
+    """Types and ranges of a spend entry's own fields (not its chain links); ``null_eps``:
+    the format allows a null ``eps_after``."""
     eps = e["eps_after"]
     return (is_int(e["count"]) and e["count"] >= 1 and isinstance(e["label"], str)
             and isinstance(e["event"], dict) and isinstance(e["meta"], (dict, type(None)))
-            and (eps == "inf" or (isinstance(eps, (int, float)) and eps >= 0
-                                  and not isinstance(eps, bool)))
+            and (eps == "inf" or (eps is None and null_eps)
+                 or (isinstance(eps, (int, float)) and eps >= 0 and not isinstance(eps, bool)))
             and _is_str_or_none(e["run_id"])
             and all(e[k] is None or (is_int(e[k]) and e[k] >= 0) for k in ("round", "step")))
 
 
 def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, str]],
-                 eps: list[float], fixed: Mapping[str, str]) -> tuple[bytes, list[str]]:
+                 eps: Sequence[float | None], fixed: Mapping[str, str]
+                 ) -> tuple[bytes, list[str]]:
     """The lines of one spend batch starting at seq ``first`` after hash ``prev``, and hashes.
 
     ``links`` holds each client's (client_seq, client_prev_hash); ``fixed`` the
@@ -231,7 +242,8 @@ def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, s
     last = ',"round":' + fixed["round"] + ',"run_id":' + fixed["run_id"] + ',"seq":'
     step = ',"step":' + fixed["step"] + "}"
     for k, (cid, (cseq, cprev)) in enumerate(zip(ids, links, strict=True)):
-        e_json = repr(eps[k]) if math.isfinite(eps[k]) else '"inf"'
+        e = eps[k]
+        e_json = "null" if e is None else repr(e) if math.isfinite(e) else '"inf"'
         head = (f'{{"batch_end":{end},"client_id":{canonical_json(cid)},'
                 f'"client_prev_hash":"{cprev}","client_seq":{cseq},{mid}"eps_after":{e_json},'
                 f'"event":{fixed["event"]},')
@@ -348,10 +360,13 @@ class Journal:
     """
 
     def __init__(self, header_hash: str, path: str | None, size: int = 0,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, schema: str = SCHEMA) -> None:
         """``size``: bytes of the file already read or written (the header line); ``key``:
-        the ledger key that authenticates the head record (None: none)."""
+        the ledger key that authenticates the head record (None: none); ``schema``: the
+        header's format."""
         self.path = path
+        self.null_eps = schema != SCHEMAS[0]
+        """Whether the format allows a null ``eps_after`` (not ``privkit.ledger/1``)."""
         self.head_file = None if path is None else _head.head_path(path)
         self._key = key
         self.header_hash = header_hash
@@ -434,7 +449,7 @@ class Journal:
             if e["client_prev_hash"] != cprev:
                 raise corrupt(self.path, lineno,
                               f"client_prev_hash breaks the chain of client {cid!r}")
-            if not _spend_fields_ok(e):
+            if not _spend_fields_ok(e, self.null_eps):
                 raise corrupt(self.path, lineno, "a field has the wrong type or range")
             on_spend(e, lineno)
             self._links[cid] = (cseq + 1, e["hash"])
@@ -456,11 +471,12 @@ class Journal:
         if self._broken:
             raise LedgerError(f"ledger unusable after a failed write ({self._broken}); reopen it")
 
-    def append_spends(self, ids: list[str], eps: list[float],
+    def append_spends(self, ids: list[str], eps: Sequence[float | None],
                       fixed: Mapping[str, str]) -> list[str]:
         """Durably append one spend batch, an entry per client; return their hashes.
 
-        ``eps`` are the clients' epsilons after the charge; ``fixed`` is
+        ``eps`` are the clients' epsilons after the charge (None: not priced; only in a
+        format that allows it, :attr:`null_eps`); ``fixed`` is
         :func:`spend_fields` with the canonical JSON of ``event`` and ``count``.
         """
         links = [self._links.get(c, self._new_link) for c in ids]

@@ -4,9 +4,16 @@ A :class:`Ledger` records every privacy charge of one population (a dataset and
 its client ids), one entry per client per charge, and refuses a charge that
 would take any client over budget *before* anything changes. It is the authority
 on privacy spent: epsilons are replayed from the recorded events with the
-header's accountant; each entry's ``eps_after`` is only a cache.
+header's accountant; each entry's ``eps_after`` is only a cache (null when the
+charge was not priced).
 
-The journal (format ``privkit.ledger/1``) is written one fsynced batch per
+A charge costs O(1) amortised however long the history: without a budget no
+composition is priced until epsilons are asked for; with one, the check that the
+budget holds is reached by cheap valid bounds while far from it and by tight
+prices only near it (:mod:`privkit.accountants.budget`). The decision is the one
+the tight price gives, and :meth:`Ledger.epsilons` always reports tight prices.
+
+The journal (format ``privkit.ledger/2``) is written one fsynced batch per
 charge and verified when reopened; :mod:`privkit._journal` describes the format
 and does the file I/O, this module the accounting. After every batch a head
 record beside the journal (``<journal>.head``, :mod:`privkit._head`) records the
@@ -33,7 +40,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -42,7 +49,8 @@ import numpy as np
 from privkit import _head, _journal, _reopen, _validate
 from privkit._dpa import dp_event
 from privkit._journal import SCHEMA, atomic_write_bytes, canonical_json, is_int, optional
-from privkit.accountants.accountant import Method, epsilon_batch_compositions
+from privkit.accountants.accountant import Method
+from privkit.accountants.budget import States
 from privkit.accountants.rules import Composition, NeighboringRelation, flatten
 from privkit.errors import (
     BudgetExceededError,
@@ -59,8 +67,6 @@ DpEvent = dp_event.DpEvent
 
 __all__ = ["SCHEMA", "Ledger", "LedgerPointer", "LedgerReport", "SpendReceipt",
            "atomic_write_bytes"]
-
-_EMPTY = Composition(())
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,24 @@ class LedgerPointer:
         return cls(seq, h)
 
 
+class _LazyPrices:
+    """The epsilons of a receipt's clients, priced on first use (a charge prices nothing)."""
+
+    def __init__(self, ledger: Ledger, states: list[int]) -> None:
+        self._ledger: Ledger | None = ledger
+        self._states = states
+        self._value: np.ndarray | None = None
+
+    def get(self) -> np.ndarray:
+        if self._value is None:
+            assert self._ledger is not None
+            with self._ledger._lock:
+                eps = self._ledger._epsilons_of(self._states)
+            eps.flags.writeable = False
+            self._value, self._ledger = eps, None
+        return self._value
+
+
 @dataclass(frozen=True, eq=False)
 class SpendReceipt:
     """A charge that is durable on disk.
@@ -89,14 +113,19 @@ class SpendReceipt:
         seq: the highest seq written (the release must carry it); ``hash`` its hash.
         first_seq: the seq of the charge's first entry.
         client_ids: the clients charged, in entry order.
-        epsilons: their epsilons after the charge (read-only array).
+        epsilons: their epsilons after the charge (read-only array), priced when first read
+            (a charge itself does not price the clients' compositions).
     """
 
     seq: int
     hash: str
     first_seq: int
     client_ids: tuple[str, ...]
-    epsilons: np.ndarray
+    _prices: _LazyPrices = field(repr=False)
+
+    @property
+    def epsilons(self) -> np.ndarray:
+        return self._prices.get()
 
     @property
     def pointer(self) -> LedgerPointer:
@@ -185,19 +214,17 @@ class Ledger:
         self.method = Method.parse(header["method"])
         self.neighboring_relation = NeighboringRelation[header["neighboring_relation"]]
         self.created: str | None = header["created"]
-        self._journal = _journal.Journal(header["hash"], path, size, key)  # chains and file
-        # per client (by index): composition state id, cached eps_after
+        self._journal = _journal.Journal(header["hash"], path, size, key,
+                                         header["schema"])  # chains and file
+        # per client (by index): composition state id, cached eps_after (None: not priced)
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
         self._state: list[int] = []
-        self._cached: list[float] = []
-        # compositions are interned: state id -> Composition -> epsilon (priced once)
-        self._comps: list[Composition] = [_EMPTY]
-        self._comp_id: dict[Composition, int] = {_EMPTY: 0}
-        self._trans: dict[tuple[int, int], int] = {}
+        self._cached: list[float | None] = []
+        # compositions are interned as states, priced only when needed (accountants.budget)
+        self._states = States(self.delta, self.method, self.neighboring_relation,
+                              self.epsilon_budget)
         self._deltas: dict[tuple[str, int], int] = {}  # (event JSON, count) -> delta id
-        self._delta_comps: list[Composition] = []
-        self._eps: dict[int, float] = {}
         self._lock = threading.Lock()
         self.discarded_bytes = 0
         """Bytes of an unfinished final write that :meth:`open` ignored."""
@@ -317,30 +344,16 @@ class Ledger:
         did = self._deltas.get(key)
         if did is None:
             try:
-                did = self._add_delta(key, flatten(event_from_dict(e["event"]), count))
+                comp = flatten(event_from_dict(e["event"]), count)
             except PrivkitError as exc:
                 raise _journal.corrupt(self.path, lineno, f"bad event: {exc}") from None
+            did = self._deltas[key] = self._states.add_delta(comp, check=False)
         i = self._index.get(cid, -1)
-        new = self._next_state(self._state[i] if i >= 0 else 0, did)
+        new = self._states.next(self._state[i] if i >= 0 else 0, did)
         self._record(cid, i, new, _journal.eps_after(e))
 
     # ------------------------------------------------------------- state
-    def _add_delta(self, key: tuple[str, int], comp: Composition) -> int:
-        self._delta_comps.append(comp)
-        self._deltas[key] = len(self._delta_comps) - 1
-        return self._deltas[key]
-
-    def _next_state(self, state: int, delta_id: int) -> int:
-        nxt = self._trans.get((state, delta_id))
-        if nxt is None:
-            comp = self._comps[state] + self._delta_comps[delta_id]
-            nxt = self._comp_id.setdefault(comp, len(self._comps))
-            if nxt == len(self._comps):
-                self._comps.append(comp)
-            self._trans[(state, delta_id)] = nxt
-        return nxt
-
-    def _record(self, cid: str, i: int, state: int, eps: float) -> None:
+    def _record(self, cid: str, i: int, state: int, eps: float | None) -> None:
         if i < 0:
             self._index[cid] = len(self._ids)
             self._ids.append(cid)
@@ -354,12 +367,7 @@ class Ledger:
         return self._state[i] if i >= 0 else 0
 
     def _epsilons_of(self, states: list[int]) -> np.ndarray:
-        missing = list({s for s in states if s not in self._eps})
-        if missing:
-            eps = epsilon_batch_compositions([self._comps[s] for s in missing], self.delta,
-                                             self.method, self.neighboring_relation)
-            self._eps.update(zip(missing, eps.tolist(), strict=True))
-        return np.fromiter((self._eps[s] for s in states), dtype=np.float64, count=len(states))
+        return self._states.prices(states)
 
     def _event_delta(self, event: Any, count: Any) -> tuple[str, int]:
         """Validate ``event`` and ``count``; return the event's canonical JSON and delta id."""
@@ -375,22 +383,26 @@ class Ledger:
         if did is None:
             if event_from_dict(json.loads(ev_json)) != event:
                 raise InvalidParameterError("event", event, "one that round-trips through JSON")
-            did = self._add_delta((ev_json, count), flatten(event, count))
+            did = self._states.add_delta(flatten(event, count))
+            self._deltas[(ev_json, count)] = did
         return ev_json, did
 
     # ---------------------------------------------------------- charging
     def would_exceed(self, client_ids: Any, event: DpEvent, count: int = 1) -> np.ndarray:
         """Bool array: would ``count`` more uses of ``event`` take each client over budget?
 
-        A pure check (nothing changes); all False when the ledger has no budget.
+        A pure check (nothing is recorded); all False when the ledger has no budget (then
+        nothing is priced). The answer is what pricing each would-be composition would give,
+        usually reached without pricing it (:mod:`privkit.accountants.budget`).
         """
         ids = _client_ids(client_ids)
         with self._lock:
             _, did = self._event_delta(event, count)
-            eps = self._epsilons_of([self._next_state(self._state_of(c), did) for c in ids])
-        if self.epsilon_budget is None:
-            return np.zeros(len(ids), dtype=bool)
-        return ~(eps <= self.epsilon_budget)
+            if self.epsilon_budget is None:
+                return np.zeros(len(ids), dtype=bool)
+            before = [self._state_of(c) for c in ids]
+            after = [self._states.next(b, did) for b in before]
+            return ~self._states.within_budget(before, did, after)
 
     def spend(
         self,
@@ -434,22 +446,28 @@ class Ledger:
             fixed["count"] = str(_validate.positive_int("count", count))
             self._journal.check_usable()
             idx = [self._index.get(c, -1) for c in ids]
-            states = [self._next_state(self._state[i] if i >= 0 else 0, did) for i in idx]
-            eps = self._epsilons_of(states)
-            budget = self.epsilon_budget
-            over = np.flatnonzero(~(eps <= budget)) if budget is not None else np.empty(0, int)
+            before = [self._state[i] if i >= 0 else 0 for i in idx]
+            states = [self._states.next(b, did) for b in before]
+            ok = self._states.within_budget(before, did, states)
+            over = np.flatnonzero(~ok)
             if len(over):
-                shown = ", ".join(f"{ids[k]!r} (epsilon {eps[k]:.6g})" for k in over[:5])
+                eps = self._states.prices([states[k] for k in over[:5]])
+                shown = ", ".join(f"{ids[k]!r} (epsilon {e:.6g})"
+                                  for k, e in zip(over[:5], eps.tolist(), strict=True))
                 raise BudgetExceededError(
                     f"spend {label!r} would exceed epsilon_budget={self.epsilon_budget:g} "
                     f"(delta={self.delta:g}) for {len(over)} client(s): {shown}"
                     f"{' ...' if len(over) > 5 else ''}; nothing was recorded")
-            first, eps_list = self._journal.head_seq + 1, eps.tolist()
-            hashes = self._journal.append_spends(ids, eps_list, fixed)
-            for cid, i, s, e in zip(ids, idx, states, eps_list, strict=True):
+            first = self._journal.head_seq + 1
+            if self._journal.null_eps:
+                cached = [self._states.known(s) for s in states]
+            else:  # a privkit.ledger/1 journal: every entry carries its epsilon
+                cached = self._states.prices(states).tolist()
+            hashes = self._journal.append_spends(ids, cached, fixed)
+            for cid, i, s, e in zip(ids, idx, states, cached, strict=True):
                 self._record(cid, i, s, e)
-        eps.flags.writeable = False
-        return SpendReceipt(first + len(ids) - 1, hashes[-1], first, tuple(ids), eps)
+        return SpendReceipt(first + len(ids) - 1, hashes[-1], first, tuple(ids),
+                            _LazyPrices(self, states))
 
     # ---------------------------------------------------------- pointers
     def head(self) -> LedgerPointer:
@@ -560,7 +578,7 @@ class Ledger:
         """The composed events charged to ``client_id`` (atoms with counts; empty if never)."""
         cid = _one_id(client_id)
         with self._lock:
-            return self._comps[self._state_of(cid)]
+            return self._states.comps[self._state_of(cid)]
 
     def report(self, client_ids: Any = None) -> LedgerReport:
         """Per-client epsilons (default: all charged clients) with mean and max."""
@@ -579,8 +597,9 @@ class Ledger:
         A difference means the accountant changed since the entry was written;
         the replay (what :meth:`epsilons` reports) is the authority.
         """
-        replay = self.epsilons()
-        return {c: (e, replay[c]) for c, e in zip(self._ids, self._cached, strict=True)
+        priced = [(c, e) for c, e in zip(self._ids, self._cached, strict=True) if e is not None]
+        replay = self.epsilons([c for c, _ in priced]) if priced else {}
+        return {c: (e, replay[c]) for c, e in priced
                 if not math.isclose(e, replay[c], rel_tol=rtol)}
 
     def __repr__(self) -> str:

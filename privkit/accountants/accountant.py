@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -211,8 +212,21 @@ def _check_relation(comp: Composition, relation: Any) -> None:
 def _rdp_total(comp: Composition, relation: Any) -> np.ndarray:
     total = np.zeros_like(rdp.ORDERS)
     for atom, n in comp.atoms:
-        total = total + n * rdp_curve(atom, rdp.ORDERS, relation)
+        total = total + n * atom_rdp(atom, relation)
     return total
+
+
+@functools.lru_cache(maxsize=4096)
+def atom_rdp(atom: dp_event.DpEvent, relation: Any) -> np.ndarray:
+    """RDP of one use of ``atom`` at :data:`rdp.ORDERS` (read-only; cached per atom and
+    relation, since dp-accounting's series for a subsampled Gaussian take tens of ms).
+
+    Raises:
+        UnsupportedEventError: no RDP rule for the atom.
+    """
+    curve = np.array(rdp_curve(atom, rdp.ORDERS, relation), dtype=np.float64)
+    curve.flags.writeable = False
+    return curve
 
 
 def _assumptions(comp: Composition, relation: Any) -> tuple[str, ...]:

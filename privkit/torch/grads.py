@@ -299,7 +299,8 @@ def _fallback(entry: _Entry, calls: list[tuple[_Call, list[Tensor | None]]], b: 
             return pull(tuple(g.unsqueeze(0) for g in g1))[0]
 
         try:
-            per = vmap(one, in_dims=(None, dims, 0))(own, leaves, cot)
+            with torch.no_grad():  # torch.func differentiates; nothing else records a graph
+                per = vmap(one, in_dims=(None, dims, 0))(own, leaves, cot)
         except RuntimeError as err:
             raise InvalidParameterError(
                 entry.label, type(entry.module).__name__,

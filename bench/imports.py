@@ -3,7 +3,9 @@
 Each command runs in a fresh interpreter, alternating with the baselines, and the median of
 the runs is reported; ``-X importtime`` gives privkit's own cumulative import time and its
 five heaviest modules. Targets: ``import privkit`` <= 0.4 s and ``privkit --help`` <= 0.6 s
-(wall time, this machine). Run ``python bench/imports.py [--runs N]``.
+(wall time, this machine); ``import privkit`` is also shown as a ratio to ``import numpy``
+(measured in the same run), which a busy machine slows alike. The mechanisms and the
+calibrators are imported on first use. Run ``python bench/imports.py [--runs N]``.
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def main() -> None:
         for name, cmd in cases.items():
             times[name].append(wall(cmd))
     med = {k: statistics.median(v) for k, v in times.items()}
-    base = med["python -c pass"]
+    base, numpy = med["python -c pass"], med["import numpy"]
     print(f"start-up, median of {a.runs} fresh interpreters (wall time)")
     for name, t in med.items():
         target = {"import privkit": 0.4, "privkit --help": 0.6}.get(name)
         verdict = "" if target is None else ("  OK" if t <= target else "  MISSED") + \
             f" (target <= {target} s)"
         print(f"  {name:<16} {t:6.3f} s   {t / base:5.2f}x a bare interpreter{verdict}")
+    print(f"  import privkit / import numpy: {med['import privkit'] / numpy:.2f}x "
+          f"(privkit's own share {med['import privkit'] - numpy:.3f} s)")
     total, heavy = importtime()
     print(f"\n-X importtime: privkit {total:.3f} s cumulative; heaviest modules:")
     for t, name in heavy:

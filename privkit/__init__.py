@@ -22,13 +22,6 @@ from privkit.accountants import (
     epsilon,
     epsilon_batch,
 )
-from privkit.accountants.calibration import (
-    CalibrationResult,
-    StepsResult,
-    calibrate_noise,
-    calibrate_noise_multiplier,
-    calibrate_steps,
-)
 from privkit.errors import (
     BudgetExceededError,
     InvalidParameterError,
@@ -49,17 +42,58 @@ from privkit.events import (
     gaussian_steps_event,
     pure_steps_event,
 )
-from privkit.mechanisms import (
-    AdaptiveClipping,
-    ClientLevelGaussian,
-    GaussianOutputPerturbation,
-    LaplaceGradientNoise,
-    NoiseShape,
-    ObjectivePerturbation,
-    SecureRandom,
-    Sensitivity,
-    Solver,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from privkit.accountants.calibration import (
+        CalibrationResult,
+        StepsResult,
+        calibrate_noise,
+        calibrate_noise_multiplier,
+        calibrate_steps,
+    )
+    from privkit.mechanisms import (
+        AdaptiveClipping,
+        ClientLevelGaussian,
+        GaussianOutputPerturbation,
+        LaplaceGradientNoise,
+        NoiseShape,
+        ObjectivePerturbation,
+        SecureRandom,
+        Sensitivity,
+        Solver,
+    )
+
+#: Names imported on first use (PEP 562), so that ``import privkit`` stays fast: the
+#: mechanisms and the calibrators are not needed to price an event.
+_LAZY = {
+    **dict.fromkeys(("CalibrationResult", "StepsResult", "calibrate_noise",
+                     "calibrate_noise_multiplier", "calibrate_steps"),
+                    "privkit.accountants.calibration"),
+    **dict.fromkeys(("AdaptiveClipping", "ClientLevelGaussian", "GaussianOutputPerturbation",
+                     "LaplaceGradientNoise", "NoiseShape", "ObjectivePerturbation",
+                     "SecureRandom", "Sensitivity", "Solver"), "privkit.mechanisms"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        if name == "mechanisms":
+            import privkit.mechanisms
+
+            return privkit.mechanisms
+        raise AttributeError(f"module 'privkit' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

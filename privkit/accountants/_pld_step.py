@@ -20,7 +20,9 @@ MAX_CELLS = 1 << 20
 #: Largest |loss| on the grid (exp of it must stay finite); beyond, pricing is refused.
 _MAX_LOSS = 600.0
 #: Gauss-Legendre nodes per piece and the widest piece, in units of the noise std.
-_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(2)
+#: (np.polynomial.legendre.leggauss(2), written out: importing numpy.polynomial costs start-up.)
+_GL_NODES = np.array([-math.sqrt(1 / 3), math.sqrt(1 / 3)])
+_GL_WEIGHTS = np.array([1.0, 1.0])
 _PIECE = 1.0 / 256
 #: Bound on the quadrature's relative error per cell (tested against exact Gaussian cell
 #: masses); every mass is raised by this factor, so the masses stay on the safe side.

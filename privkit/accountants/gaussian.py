@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -53,7 +54,10 @@ def _mu_array(gdp_mu: Any) -> np.ndarray:
     return mu
 
 
-_GL_X, _GL_W = np.polynomial.legendre.leggauss(12)
+@functools.cache
+def _gauss_legendre_12() -> tuple[np.ndarray, np.ndarray]:
+    # on first use: importing numpy.polynomial at import time costs privkit's start-up
+    return np.polynomial.legendre.leggauss(12)  # type: ignore[no-any-return]
 
 
 def _log_ndtr_drop(x: Any, mu: Any, a: Any) -> Any:
@@ -72,9 +76,10 @@ def _log_ndtr_drop(x: Any, mu: Any, a: Any) -> Any:
         return plain
     xs, ms, as_ = (np.broadcast_to(v, plain.shape)[small] for v in (x, mu, a))
     mid = xs - ms / 2
-    nodes = mid[:, None] + (ms / 2)[:, None] * _GL_X[None, :]
+    gl_x, gl_w = _gauss_legendre_12()
+    nodes = mid[:, None] + (ms / 2)[:, None] * gl_x[None, :]
     dens = np.exp(-0.5 * nodes * nodes) / math.sqrt(2 * math.pi)
-    d = (ms / 2) * (dens * _GL_W[None, :]).sum(axis=1)
+    d = (ms / 2) * (dens * gl_w[None, :]).sum(axis=1)
     out = np.array(plain, dtype=np.float64, copy=True)
     out[small] = np.log1p(-d / np.exp(as_))
     return out

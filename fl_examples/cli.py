@@ -37,7 +37,7 @@ PARAMETER_FLAGS: dict[str, dict[str, str]] = {
              "label_l2_bound": "label_norm_bound", "num_coded_rows": "coded_rows",
              "server_batch_size": "server_batch", "client_batch_size": "client_batch",
              "local_epochs": "epochs"},
-    "dprec": {"local_epochs": "epochs"},
+    "dprec": {"local_epochs": "epochs", "history_compression": "no_history_compression"},
 }
 
 
@@ -112,6 +112,15 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                        help="start over in a non-empty OUT: its ledgers (named on stderr), "
                             "checkpoints and report are removed and the run starts new "
                             "ledgers (without it a new run needs a new or empty OUT)")
+        p.add_argument("--secure-noise", action="store_true",
+                       help="a private run draws its client and minibatch sampling and its "
+                            "noise from the OS CSPRNG (without it, a private run is a seeded "
+                            "simulation: its guarantee holds only against someone who does "
+                            "not know --seed, which the report records)")
+        p.add_argument("--eval-client-data", action="store_true",
+                       help="a private run also evaluates on the clients' own training and "
+                            "test data (by default only on the public held-out set); those "
+                            "metrics are listed in the report as not covered by its epsilon")
         p.add_argument("--max-loss-factor", type=float, default=None,
                        help="stop with exit status 1 when the training loss exceeds this "
                             "many times its first evaluated value (default "

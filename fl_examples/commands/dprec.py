@@ -19,9 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``privkit train dprec``."""
     p.add_argument("--dataset", default="digits",
                    help="digits | synthetic:ALPHA,BETA | femnist:DIR | mnist:DIR | leaf:DIR")
-    p.add_argument("--clients", type=float, default=100, help="N clients (digits)")
-    p.add_argument("--digits-classes", type=float, default=0,
-                   help="classes per digits client (0: IID)")
+    p.add_argument("--clients", type=float, default=None,
+                   help="N clients (digits only; default 100)")
+    p.add_argument("--digits-classes", type=float, default=None,
+                   help="classes per digits client (digits only; default 0: IID)")
     p.add_argument("--model", default="logreg", choices=["logreg", "cnn"],
                    help="logreg: multinomial logistic regression; cnn: a small CNN (3 "
                         "channels, one hidden layer of 100)")
@@ -36,13 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="q: DP-FedAvg's (and FedAvg's) Poisson rate, each client joins a round "
                         "with probability q, in (0, 1] (default: clients-per-round / N)")
     p.add_argument("--rounds", type=float, default=50, help="T, communication rounds")
-    p.add_argument("--bits", type=float, default=8, help="bits per group (K = 2**bits)")
-    p.add_argument("--groups", default="per-layer",
-                   help="per-layer | whole | per-parameter | chunks:N")
+    p.add_argument("--bits", type=float, default=None,
+                   help="DP-REC: bits per group (K = 2**bits; default 8)")
+    p.add_argument("--groups", default=None,
+                   help="DP-REC: per-layer (default) | whole | per-parameter | chunks:N")
     p.add_argument("--l2-clip", type=float, default=0.5, help="C, update clip norm")
-    p.add_argument("--stddev", type=float, default=1.0,
-                   help="sigma of the REC prior/target (replaced by the calibrated value with "
-                        "--epsilon)")
+    p.add_argument("--stddev", type=float, default=None,
+                   help="DP-REC: sigma of the REC prior/target (default 1; refused with "
+                        "--epsilon, which calibrates it)")
     p.add_argument("--epochs", type=float, default=5, help="local epochs")
     p.add_argument("--batch-size", type=float, default=16, help="local SGD minibatch size")
     p.add_argument("--lr", type=float, default=0.5, help="local learning rate")
@@ -84,19 +86,24 @@ def run(args: argparse.Namespace) -> int:
     from fl_examples.dprec import DPRecConfig, final_table, train
 
     cfg = DPRecConfig(
-        dataset=args.dataset, clients=positive_int("clients", args.clients),
-        digits_classes=nonnegative_int("digits_classes", args.digits_classes),
+        dataset=args.dataset,
+        clients=None if args.clients is None else positive_int("clients", args.clients),
+        digits_classes=None if args.digits_classes is None
+        else nonnegative_int("digits_classes", args.digits_classes),
         model=args.model,
         clients_per_round=positive_int("clients_per_round", args.clients_per_round),
         client_rate=args.client_rate,
-        rounds=positive_int("rounds", args.rounds), bits=positive_int("bits", args.bits),
+        rounds=positive_int("rounds", args.rounds),
+        bits=None if args.bits is None else positive_int("bits", args.bits),
         groups=args.groups, l2_clip=args.l2_clip, stddev=args.stddev,
         local_epochs=positive_int("epochs", args.epochs),
         batch_size=positive_int("batch_size", args.batch_size), lr=args.lr,
         server_lr=args.server_lr, server_momentum=args.server_momentum, delta=args.delta,
         epsilon=args.epsilon, epsilon_budget=args.epsilon_budget,
         dpfedavg_noise=args.dpfedavg_noise, relation=args.relation,
-        history_compression=not args.no_history_compression, device=args.device,
+        history_compression=False if args.no_history_compression else None,
+        device=args.device, secure_noise=args.secure_noise,
+        eval_client_data=args.eval_client_data,
         seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),

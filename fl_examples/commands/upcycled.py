@@ -105,14 +105,6 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-target", default=None, choices=["mean", "max"],
                    help="--noise-for-epsilon targets the clients' max (default) or mean "
                         "epsilon (output, objective, record; client level has one epsilon)")
-    p.add_argument("--secure-noise", action="store_true",
-                   help="draw client sampling, minibatch sampling and noise from the OS "
-                        "CSPRNG (without it a private run is a seeded simulation: its "
-                        "guarantee holds only against someone who does not know --seed)")
-    p.add_argument("--eval-client-data", action="store_true",
-                   help="a private run also evaluates on the clients' training and test data "
-                        "(by default only on the public held-out set); those metrics are "
-                        "listed as not covered by its epsilon")
     p.add_argument("--allow-unproven", action="store_true",
                    help="run objective perturbation outside Thm C.2 (epsilon marked NOT PROVEN)")
     p.add_argument("--baseline-iterations", default="auto", choices=["auto", "half", "same"],

@@ -235,15 +235,20 @@ class ClientDpPlan:
                 "joint_noise_multiplier": self.effective_noise_multiplier}
         return out
 
-    def _unamplified(self, rounds: int, delta: float) -> dict[str, Any]:
+    def unamplified(self, rounds: int, delta: float, neighboring_relation: Any = None
+                    ) -> dict[str, Any]:
         """Epsilon against someone who knows the sample: a client's own rounds composed,
         no amplification, at public participation counts (the expected ceil(q T), and every
-        round)."""
+        round; the realised counts would reveal the sample)."""
         k_exp = max(1, math.ceil(self.client_rate * rounds)) if rounds else 0
         z = self.effective_noise_multiplier
+        rel = neighboring_relation or NeighboringRelation.ADD_OR_REMOVE_ONE
 
         def eps(k: int) -> float:
-            return privkit.epsilon(unamplified_event(z, k), delta).epsilon if k else 0.0
+            if not k:
+                return 0.0
+            return privkit.epsilon(unamplified_event(z, k, neighboring_relation=rel), delta,
+                                   neighboring_relation=rel).epsilon
 
         return {"expected_participations": k_exp, "epsilon_at_expected": eps(k_exp),
                 "every_round": rounds, "epsilon_every_round": eps(rounds),
@@ -260,7 +265,7 @@ class ClientDpPlan:
         out["epsilon_replace_one"] = privkit.epsilon(
             privkit.SelfComposedDpEvent(self.round_event(ro), rounds), out["delta"],
             neighboring_relation=ro).epsilon if rounds else 0.0
-        out["epsilon_unamplified"] = self._unamplified(rounds, out["delta"])
+        out["epsilon_unamplified"] = self.unamplified(rounds, out["delta"])
         out["public"] = self.public()
         return out
 

@@ -467,12 +467,17 @@ def adopt_round_charges(ledger: Ledger, pointer: LedgerPointer, *, run_id: str, 
 def _check_attempts(ledger: Ledger, pointer: LedgerPointer, pending: Sequence[dict[str, Any]],
                     *, run_id: str, start: int, window: int,
                     charges: Callable[[int], Sequence[Charge]], step_name: str) -> None:
-    """Each entry after ``pointer`` is a charge of one of the steps ``start + 1 .. window``."""
-    allowed = {c for t in range(start + 1, window + 1) for c in charges(t)}
+    """Each entry after ``pointer`` is a charge of one of the steps ``start + 1 .. window``
+    (a charge whose client id is None stands for any client: a run whose sample comes from
+    the OS CSPRNG cannot replay who was charged, only the round and the event)."""
+    expected = [c for t in range(start + 1, window + 1) for c in charges(t)]
+    allowed = {c for c in expected if c[1] is not None}
+    anyone = {(c[0], c[3]) for c in expected if c[1] is None}
     for e in pending:
-        key = (e.get("round"), e.get("client_id"), e.get("count"),
-               canonical_json(e.get("event")))
-        if not (e.get("kind") == "spend" and e.get("run_id") == run_id and key in allowed):
+        event = canonical_json(e.get("event"))
+        key = (e.get("round"), e.get("client_id"), e.get("count"), event)
+        ok = key in allowed or (e.get("round"), event) in anyone
+        if not (e.get("kind") == "spend" and e.get("run_id") == run_id and ok):
             raise LedgerRollbackError(
                 f"{run_id}: the checkpoint at {step_name} {start} (ledger seq {pointer.seq}) "
                 f"is older than the ledger (head seq {ledger.head().seq}): entry "

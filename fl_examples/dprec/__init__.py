@@ -64,6 +64,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from fl_examples.core.release import check_heldout
 from fl_examples.core.report import Column, text_table, write_report
 from fl_examples.dprec.accounting import (
     calibrate_dpfedavg,
@@ -111,9 +112,12 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     names = list(dict.fromkeys((algorithm, *compare)))
     for name in names:
         check_relation(cfg, name)
+    cfg = cfg.resolved(tuple(names))  # refuses settings of algorithms that do not run
     if resume and out is None:
         raise InvalidParameterError("resume", True, "used with an output directory")
     ds = load_dataset(cfg)
+    check_heldout(bool(set(names) & {"dprec", "dpfedavg"}), ds.has_heldout,
+                  cfg.eval_client_data, cfg.dataset)
     n = ds.num_clients
     groups = num_groups(cfg, ds)
     out_path = Path(out) if out is not None else None
@@ -142,6 +146,11 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
                                         "dataset_description": ds.description,
                                         "num_clients": n}
+    # the values the run used (calibrated ones included)
+    if "dprec" in names:
+        config["stddev"] = sigma
+    if "dpfedavg" in names:
+        config["dpfedavg_noise"] = z
     if out_path is not None:
         write_report(out_path, config, results)
         _plot_vs_epsilon(out_path, results)
@@ -159,15 +168,17 @@ def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
     curves = {name: h for name, h in curves.items() if h}  # FedAvg has no epsilon
     if not curves:
         return
+    key = "heldout_accuracy" if all("heldout_accuracy" in h[0] for h in curves.values()) \
+        else "test_accuracy"
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for name, h in curves.items():
-        ax.plot([x["epsilon"] for x in h], [x["test_accuracy"] for x in h], label=name)
+        ax.plot([x["epsilon"] for x in h], [x[key] for x in h], label=name)
     fedavg = results.get("fedavg")
-    if fedavg is not None and fedavg["history"]:  # the non-private reference, as a line
-        ax.axhline(fedavg["history"][-1]["test_accuracy"], color="grey", ls="--",
+    if fedavg is not None and fedavg["history"] and key in fedavg["history"][-1]:
+        ax.axhline(fedavg["history"][-1][key], color="grey", ls="--",
                    label="fedavg (non-private)")
     ax.set_xlabel("central epsilon (cumulative)")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel(key.replace("_", " ").replace("heldout", "held-out"))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -175,24 +186,30 @@ def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-_COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("test acc", 8),
+_COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("heldout acc", 11),
             Column("uplink bits", 12), Column("downlink bits", 13), Column("eps central", 11),
-            Column("eps local max", 13), Column("relation", 11))
+            Column("eps local", 9), Column("relation", 11))
 
 
 def _g(x: Any) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def _accuracy(row: dict[str, Any]) -> str:
+    acc = row.get("heldout_accuracy", row.get("test_accuracy"))
+    return "-" if acc is None else f"{acc:.4f}"
+
+
 def final_table(result: dict[str, Any]) -> str:
-    """Last evaluation, bits, epsilons and relation of each algorithm."""
+    """Last evaluation, bits, epsilons and relation of each algorithm (held-out accuracy:
+    public data; a private algorithm's local epsilon at the expected participation)."""
     algs = result["algorithms"]
     rows = []
     for name, r in algs.items():
         p = r["privacy"]
-        local = p.get("epsilon_max") if name == "dprec" else p.get("epsilon_unamplified_max")
-        rows.append((name, str(r["history"][-1]["iteration"]),
-                     f"{r['history'][-1]['test_accuracy']:.4f}",
+        local = p.get("epsilon_local", p.get("epsilon_unamplified", {})).get(
+            "epsilon_at_expected")
+        rows.append((name, str(r["history"][-1]["iteration"]), _accuracy(r["history"][-1]),
                      _g(r["communication"]["uplink_bits"]),
                      _g(r["communication"]["downlink_bits"]), _g(p.get("epsilon_central")),
                      _g(local), p.get("relation", "-")))
@@ -200,15 +217,25 @@ def final_table(result: dict[str, Any]) -> str:
     if "dpfedavg" in algs and "dprec" in algs:
         ratio = algs["dpfedavg"]["communication"]["uplink_bits"] / max(
             algs["dprec"]["communication"]["uplink_bits"], 1)
-        gap = (algs["dpfedavg"]["history"][-1]["test_accuracy"]
-               - algs["dprec"]["history"][-1]["test_accuracy"])
-        lines.append(f"\nuplink compression vs float32 DP-FedAvg: {ratio:.0f}x; accuracy gap "
-                     f"(DP-FedAvg - DP-REC) {gap:+.4f}")
+        a, b = (algs[k]["history"][-1].get("heldout_accuracy") for k in ("dpfedavg", "dprec"))
+        gap = f"{a - b:+.4f}" if a is not None and b is not None else "-"
+        lines.append(f"\nuplink compression vs float32 DP-FedAvg: {ratio:.0f}x; held-out "
+                     f"accuracy gap (DP-FedAvg - DP-REC) {gap}")
     delta = result["config"]["delta"]
     lines.append(f"(epsilons at delta={delta:g}; neighbours differ in one whole client, under "
                  "the relation shown; central = amplified by secret sampling, local = no "
-                 "amplification: DP-REC a client's own messages, DP-FedAvg the busiest "
-                 "client's rounds)")
+                 "amplification, against the server that knows the sample, for a client at "
+                 "the expected participation)")
     if "dpfedavg" in algs:
         lines.append(f"(DP-FedAvg assumes a {TRUST_ASSUMPTION})")
+    priv = [r["privacy"] for n, r in algs.items() if n != "fedavg"]
+    if priv:
+        p0 = priv[0]
+        mark = {"simulation": "seeded simulation: the guarantee holds only against someone "
+                "who does not know --seed", "proven": "noise and samples from the OS CSPRNG",
+                "not proven": "NOT PROVEN"}[p0["guarantee"]]
+        lines.append(f"({mark}; not covered by epsilon: " + "; ".join(
+            n["field"] for n in p0["not_covered"]) + ")")
+    if "fedavg" in algs:
+        lines.append("(fedavg is the non-private reference: nothing it reports is covered)")
     return "\n".join(lines)

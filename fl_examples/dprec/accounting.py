@@ -59,6 +59,7 @@ def dprec_central_epsilon(cfg: DPRecConfig, num_clients: int, rounds: int,
     """
     if rounds == 0:
         return 0.0
+    cfg = cfg.resolved(("dprec",), check=False)
     sigma = cfg.stddev if stddev is None else stddev
     ev = rec_run_event(noise_multiplier=sigma / cfg.l2_clip, num_candidates=1 << cfg.bits,
                        population_size=num_clients, messages=rounds * cfg.clients_per_round,
@@ -77,6 +78,7 @@ def calibrate_dprec(target: float, cfg: DPRecConfig, num_clients: int,
             (the with-replacement bound has a floor that grows with T |S'| / N^2).
     """
     target = float(target)
+    cfg = cfg.resolved(("dprec",), check=False)
     cap = 1e3 * cfg.l2_clip
 
     def eps_of(sigma: float) -> float:

@@ -48,8 +48,8 @@ class DPRecConfig:
         groups: REC grouping: ``per-layer`` (= per-tensor), ``whole``, ``per-parameter`` or
             ``chunks:N``.
         l2_clip: C, the update clip norm (DP-REC and DP-FedAvg).
-        stddev: sigma, REC prior/target std (DP-REC's noise); replaced by the calibrated value
-            when ``epsilon`` is set.
+        stddev: sigma, REC prior/target std (DP-REC's noise, default 1); refused with
+            ``epsilon``, which calibrates it.
         local_epochs, batch_size, lr: local SGD (no momentum).
         server_lr, server_momentum: the server step on the averaged update (heavy ball,
             ``buf <- m buf + mean; w <- w + lr buf``), the same for every algorithm.
@@ -64,7 +64,17 @@ class DPRecConfig:
             ``replace-one``; None: each algorithm's default (DP-FedAvg add-remove, DP-REC
             replace-one, the only relation its bound is proven under; ``add-remove`` is
             refused when DP-REC runs).
-        history_compression: send returning clients the message history when shorter.
+        history_compression: send returning clients the message history when shorter
+            (default on).
+        secure_noise: the samples, REC selections and noise of DP-REC and DP-FedAvg from the
+            OS CSPRNG (otherwise the run is a seeded simulation).
+        eval_client_data: the private algorithms also evaluate on the clients' data (listed
+            as not covered by their epsilon).
+
+    The settings of one algorithm (``stddev``, ``bits``, ``groups``, ``history_compression``
+    for DP-REC; ``dpfedavg_noise`` for DP-FedAvg; ``client_rate``; ``clients`` and
+    ``digits_classes`` for digits) are None until :meth:`resolved` fills them for the
+    algorithms that run; given for one that does not, they are refused.
         seed: root of the seed tree; device: auto, cpu, cuda; eval_every: rounds between
             evaluations.
         checkpoint_every: with an output directory, checkpoint every N rounds (and at the
@@ -72,16 +82,16 @@ class DPRecConfig:
     """
 
     dataset: str = "digits"
-    clients: int = 100
-    digits_classes: int = 0
+    clients: int | None = None
+    digits_classes: int | None = None
     model: str = "logreg"
     clients_per_round: int = 30
     client_rate: float | None = None
     rounds: int = 50
-    bits: int = 8
-    groups: str = "per-layer"
+    bits: int | None = None
+    groups: str | None = None
     l2_clip: float = 0.5
-    stddev: float = 1.0
+    stddev: float | None = None
     local_epochs: int = 5
     batch_size: int = 16
     lr: float = 0.5
@@ -92,33 +102,40 @@ class DPRecConfig:
     epsilon_budget: float | None = None
     dpfedavg_noise: float | None = None
     relation: str | None = None
-    history_compression: bool = True
+    history_compression: bool | None = None
     seed: int = 0
     device: str = "auto"
     eval_every: int = 5
     checkpoint_every: int = 0
+    secure_noise: bool = False
+    eval_client_data: bool = False
 
     def __post_init__(self) -> None:
-        _validate.positive_int("clients", self.clients)
-        d = _validate.nonnegative_int("digits_classes", self.digits_classes)
-        if d > 10:
-            raise InvalidParameterError("digits_classes", d, "in [0, 10]")
+        if self.clients is not None:
+            _validate.positive_int("clients", self.clients)
+        if self.digits_classes is not None:
+            d = _validate.nonnegative_int("digits_classes", self.digits_classes)
+            if d > 10:
+                raise InvalidParameterError("digits_classes", d, "in [0, 10]")
         if self.model not in ("logreg", "cnn"):
             raise InvalidParameterError("model", self.model, "logreg or cnn")
         _validate.positive_int("clients_per_round", self.clients_per_round)
         if self.client_rate is not None:
             _validate.probability("client_rate", self.client_rate)
         _validate.positive_int("rounds", self.rounds)
-        if isinstance(self.bits, bool) or not isinstance(self.bits, int) \
-                or not rec.MIN_BITS <= self.bits <= rec.MAX_BITS:
+        if self.bits is not None and (isinstance(self.bits, bool)
+                                      or not isinstance(self.bits, int)
+                                      or not rec.MIN_BITS <= self.bits <= rec.MAX_BITS):
             raise InvalidParameterError("bits", self.bits, "an integer in [1, 24]")
-        rec._check_grouping(self.groups)  # noqa: SLF001 - same validation as the mechanism
-        if self.groups not in ("per-layer", "per-tensor", "whole", "per-parameter") \
-                and not self.groups.startswith("chunks:"):
-            raise InvalidParameterError("groups", self.groups,
-                                        "per-layer, whole, per-parameter or chunks:N")
+        if self.groups is not None:
+            rec._check_grouping(self.groups)  # noqa: SLF001 - the mechanism's validation
+            if self.groups not in ("per-layer", "per-tensor", "whole", "per-parameter") \
+                    and not self.groups.startswith("chunks:"):
+                raise InvalidParameterError("groups", self.groups,
+                                            "per-layer, whole, per-parameter or chunks:N")
         _validate.positive("l2_clip", self.l2_clip)
-        _validate.positive("stddev", self.stddev)
+        if self.stddev is not None:
+            _validate.positive("stddev", self.stddev)
         _validate.positive("server_lr", self.server_lr)
         m = _validate.real("server_momentum", self.server_momentum)
         if not 0 <= m < 1:
@@ -131,6 +148,42 @@ class DPRecConfig:
             raise InvalidParameterError("relation", self.relation,
                                         "add-remove or replace-one")
         check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
+
+    def resolved(self, algorithms: tuple[str, ...], *, check: bool = True) -> DPRecConfig:
+        """This configuration with the settings left at None filled for ``algorithms`` (what
+        the run uses, and what the report records). With ``check``, a setting given for an
+        algorithm that does not run, or one that ``epsilon`` calibrates, is refused by name.
+        """
+        import dataclasses
+
+        runs = set(algorithms)
+        digits_data = self.dataset.strip().lower() == "digits"
+        applies = {"stddev": "dprec" in runs, "bits": "dprec" in runs,
+                   "groups": "dprec" in runs, "history_compression": "dprec" in runs,
+                   "dpfedavg_noise": "dpfedavg" in runs,
+                   "client_rate": bool(runs & {"dpfedavg", "fedavg"}),
+                   "clients": digits_data, "digits_classes": digits_data,
+                   "secure_noise": bool(runs & {"dprec", "dpfedavg"}),
+                   "eval_client_data": bool(runs & {"dprec", "dpfedavg"})}
+        why = {"stddev": "DP-REC runs", "bits": "DP-REC runs", "groups": "DP-REC runs",
+               "history_compression": "DP-REC runs", "dpfedavg_noise": "DP-FedAvg runs",
+               "client_rate": "DP-FedAvg or FedAvg runs",
+               "clients": "--dataset digits (other data sets bring their own clients)",
+               "digits_classes": "--dataset digits",
+               "secure_noise": "a private algorithm (dprec, dpfedavg) runs",
+               "eval_client_data": "a private algorithm (dprec, dpfedavg) runs"}
+        if check:
+            for name, ok in applies.items():
+                value = getattr(self, name)
+                if value is not None and value is not False and not ok:
+                    raise InvalidParameterError(name, value, f"given only when {why[name]}")
+            if self.epsilon is not None and self.stddev is not None and "dprec" in runs:
+                raise InvalidParameterError("stddev", self.stddev, "left out with --epsilon "
+                                            "(which calibrates DP-REC's stddev)")
+        fill = {"stddev": 1.0, "bits": 8, "groups": "per-layer", "history_compression": True,
+                "clients": 100, "digits_classes": 0}
+        new = {k: v for k, v in fill.items() if getattr(self, k) is None and applies[k]}
+        return dataclasses.replace(self, **new) if new else self
 
     def client_rate_for(self, num_clients: int) -> float:
         """q of DP-FedAvg and FedAvg: ``client_rate``, else ``clients_per_round / N``."""
@@ -163,7 +216,7 @@ def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
     ``clients_per_round / N``)."""
     name = cfg.dataset.strip().lower()
     if name == "digits":
-        ds = digits(rng=cfg.seed, num_clients=cfg.clients,
+        ds = digits(rng=cfg.seed, num_clients=cfg.clients or 100,
                     classes_per_client=cfg.digits_classes or None)
     else:
         ds = parse_dataset_spec(cfg.dataset, seed=cfg.seed)

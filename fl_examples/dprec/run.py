@@ -26,8 +26,10 @@ from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.core.dp_modes import POPULATION, ClientDpPlan, server_step
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import num_parameters
+from fl_examples.core.release import Publication
 from fl_examples.core.rounds import (
     broadcast,
+    client_orders,
     evaluate,
     resolve_device,
     select,
@@ -47,6 +49,7 @@ from fl_examples.dprec.accounting import (
     dprec_central_epsilon,
 )
 from fl_examples.dprec.config import (
+    ADD_OR_REMOVE_ONE,
     ALGORITHMS,
     FLOAT_BITS,
     DPRecConfig,
@@ -55,9 +58,11 @@ from fl_examples.dprec.config import (
     relation_of,
 )
 from privkit._journal import canonical_json
+from privkit._rng import SecureRandom
 from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent
 from privkit.errors import InvalidParameterError
 from privkit.events import event_to_dict
+from privkit.events.mechanisms import NeighboringRelation
 from privkit.ledger import Ledger, LedgerPointer
 from privkit.mechanisms import rec
 from privkit.mechanisms.aggregate import TRUST_ASSUMPTION
@@ -69,7 +74,10 @@ RELATION_NAMES = {"REPLACE_ONE": "replace-one", "ADD_OR_REMOVE_ONE": "add-remove
 
 
 def num_groups(cfg: DPRecConfig, ds: FederatedDataset) -> int:
-    """M, the number of REC groups of the model under ``cfg.groups``."""
+    """M, the number of REC groups of the model under ``cfg.groups`` (1 when DP-REC does not
+    run and the grouping is unset)."""
+    if cfg.groups is None:
+        return 1
     shapes = _model(cfg, ds).parameter_shapes()
     return len(rec._group_index(rec._check_grouping(cfg.groups), None,  # noqa: SLF001
                                 [math.prod(s) for s in shapes.values()]))
@@ -82,8 +90,11 @@ class _Run(TrainerRun):
 
     def __init__(self, algorithm: str, cfg: DPRecConfig, ds: FederatedDataset,
                  ledger: Ledger | None, z: float | None, stddev: float | None = None) -> None:
+        cfg = cfg.resolved((algorithm,), check=False)
         self.algorithm, self.cfg, self.ds, self.z = algorithm, cfg, ds, z
-        self.sigma = float(cfg.stddev if stddev is None else stddev)
+        # DP-REC's sigma (the other algorithms have none)
+        self.sigma = float(cfg.stddev if stddev is None else stddev) \
+            if algorithm == "dprec" else None
         self.device = resolve_device(cfg.device)
         self.model = _model(cfg, ds)
         self.shapes = self.model.parameter_shapes()
@@ -91,6 +102,15 @@ class _Run(TrainerRun):
         self.tree = SeedTree(cfg.seed)
         self.train = to_client_data(ds.padded(Split.TRAIN), self.device, torch.float32)
         self.test = to_client_data(ds.padded(Split.TEST), self.device, torch.float32)
+        self.heldout = None if ds.x_heldout is None else to_client_data(
+            ds.heldout_padded(), self.device, torch.float32)
+        self.pub = Publication(private=algorithm != "fedavg",
+                               client_metrics=cfg.eval_client_data, secure=cfg.secure_noise,
+                               seed=cfg.seed, heldout=ds.description.get("heldout")
+                               if ds.has_heldout else None)
+        self.loss_key = self.pub.loss_key
+        # the samples, REC selections and noise: the OS CSPRNG, or the seed tree (simulation)
+        self.secure = SecureRandom() if cfg.secure_noise and algorithm != "fedavg" else None
         init = self.model.init(1, generator=self.tree.torch(0, "init", "cpu"), device=self.device)
         self.w = {k: v[0] for k, v in init.items()}
         self.ledger = ledger
@@ -106,6 +126,7 @@ class _Run(TrainerRun):
         self.history: list[dict[str, Any]] = []
         self.up = self.down = 0
         self.up_no_seed = 0
+        self.messages = 0  # client messages sent (a count of the secret samples)
         self.wall = self.compute = 0.0
         self.seen_seeds: set[bytes] = set()
         self.last_seen: dict[int, int] = {}
@@ -129,11 +150,14 @@ class _Run(TrainerRun):
 
     def draws(self, t: int) -> np.ndarray:
         """Round ``t``'s clients: DP-REC's |S'| draws with replacement, else a Poisson sample
-        at rate q (sorted; possibly empty)."""
+        at rate q (sorted; possibly empty); from the OS CSPRNG with ``secure_noise``."""
         if self.algorithm == "dprec":
+            if self.secure is not None:
+                u = np.asarray(self.secure.uniform(self.cfg.clients_per_round))
+                return np.minimum((u * self.n).astype(np.int64), self.n - 1)
             return self.tree.numpy(t, "rec-draws").integers(0, self.n,
                                                             size=self.cfg.clients_per_round)
-        return self.plan.select(self.tree, t)
+        return self.plan.select(self.tree, t, self.secure)
 
     def charges(self, t: int) -> list[tuple[int, list[str]]]:
         """(count, client ids) of each ledger batch round ``t`` charges, in order. DP-REC: a
@@ -204,14 +228,15 @@ class _Run(TrainerRun):
                                   label="client message" if self.algorithm == "dprec"
                                   else "aggregate release", round=t, run_id=self.algorithm)
         self._downlink(t, sorted({int(c) for c in sel.tolist()}))
+        self.messages += len(sel)
         t0 = time.perf_counter()
         local = self._local(t, sel)
         self.compute += time.perf_counter() - t0
         if self.algorithm == "dpfedavg":
             # clip each update to C, one N(0, (z C)^2) draw on the sum (drawn also when no
             # client was sampled), / q N, then the server step
-            self.w = self.plan.release(self.w, local, self.server,
-                                       self.tree.torch(t, "noise", self.device))
+            noise = self.secure or self.tree.torch(t, "noise", self.device)
+            self.w = self.plan.release(self.w, local, self.server, noise)
             self.up += FLOAT_BITS * self.d * len(sel)
         else:
             updates = [{k: (local[k][j] - self.w[k]).to(torch.float64) for k in self.w}
@@ -227,14 +252,21 @@ class _Run(TrainerRun):
         return True
 
     def _local(self, t: int, sel: np.ndarray) -> dict[str, torch.Tensor]:
-        """The selected clients' local models, stacked (no rows when none was selected)."""
+        """The selected clients' local models, stacked (no rows when none was selected).
+        Under Poisson sampling (DP-FedAvg, FedAvg) each client's batch order comes from its
+        own stream: its update never depends on who else was sampled."""
         if len(sel) == 0:
             return {k: v.unsqueeze(0)[:0] for k, v in self.w.items()}
         idx = torch.as_tensor(sel, device=self.device)
         cfg = self.cfg
-        return local_sgd(self.model, broadcast(self.w, len(sel)), self.w, select(self.train, idx),
+        data = select(self.train, idx)
+        kw: dict[str, Any] = {"generator": self.tree.torch(t, "batches", self.device)}
+        if self.algorithm != "dprec":
+            ep = torch.full((len(sel),), cfg.local_epochs, dtype=torch.long, device=self.device)
+            kw = {"order": client_orders(self.tree, t, sel, data.sizes, ep, self.device)}
+        return local_sgd(self.model, broadcast(self.w, len(sel)), self.w, data,
                          epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                         momentum=0.0, generator=self.tree.torch(t, "batches", self.device))
+                         momentum=0.0, **kw)
 
     def _server_step(self, mean: dict[str, torch.Tensor]) -> None:
         """:func:`~fl_examples.core.dp_modes.server_step` (the step ClientDpPlan.release
@@ -260,9 +292,13 @@ class _Run(TrainerRun):
                  for k, s in self.shapes.items()}
         bits = 0
         for u in updates:
-            seed = seed_rng.bytes(rec.SEED_BYTES)
+            if not all(bool(torch.isfinite(v).all()) for v in u.values()):
+                u = {k: torch.zeros_like(v) for k, v in u.items()}  # said nowhere
+            # secure: a fresh OS seed and the OS CSPRNG's selection (rec.encode's default)
+            seed, pick = (None, None) if self.secure is not None else (
+                seed_rng.bytes(rec.SEED_BYTES), select_rng)
             msg = rec.encode(u, l2_clip_norm=cfg.l2_clip, stddev=self.sigma, bits=cfg.bits,
-                             groups=cfg.groups, seed=seed, rng=select_rng)
+                             groups=cfg.groups, seed=seed, rng=pick)
             dec = self.receive(rec.RecMessage.from_bytes(msg.to_bytes()))
             for k in total:
                 total[k] += dec[k]
@@ -293,14 +329,20 @@ class _Run(TrainerRun):
             self.last_seen[c] = t
 
     def evaluate(self) -> dict[str, Any]:
-        loss, acc = evaluate(self.model, self.w, self.train)
-        _, test_acc = evaluate(self.model, self.w, self.test)
-        if not math.isfinite(loss):
+        """One history row: held-out metrics, the clients' metrics for the non-private
+        reference (or with ``eval_client_data``), bits, and the central epsilon so far."""
+        row: dict[str, Any] = {"iteration": self.round}
+        if self.heldout is not None:
+            row["heldout_loss"], row["heldout_accuracy"] = evaluate(
+                self.model, self.w, self.heldout)
+        if self.pub.evaluate_clients:
+            row["train_loss"], row["train_accuracy"] = evaluate(self.model, self.w, self.train)
+            _, row["test_accuracy"] = evaluate(self.model, self.w, self.test)
+        if not math.isfinite(row[self.loss_key]):
             raise FloatingPointError(f"{self.algorithm}: diverged at round {self.round}")
-        row = {"iteration": self.round, "train_loss": loss, "train_accuracy": acc,
-               "test_accuracy": test_acc, "wall_time_s": self.wall,
-               "client_compute_s": self.compute, "cumulative_bits": self.up + self.down,
-               "uplink_bits": self.up, "downlink_bits": self.down}
+        row |= {"wall_time_s": self.wall, "client_compute_s": self.compute,
+                "cumulative_bits": self.up + self.down, "uplink_bits": self.up,
+                "downlink_bits": self.down}
         if self.algorithm != "fedavg":
             row["epsilon"] = self.central_after(self.round)
         self.history.append(row)
@@ -321,7 +363,7 @@ class _Run(TrainerRun):
         return tensors, {
             "dpfedavg_noise": self.z, "stddev": self.sigma,
             "epsilon_central": self.central_after(self.round),
-            "uplink_bits": self.up, "downlink_bits": self.down,
+            "uplink_bits": self.up, "downlink_bits": self.down, "messages": self.messages,
             "uplink_bits_without_seeds": self.up_no_seed, "round_bits": self.round_bits,
             "last_seen": {str(c): r for c, r in sorted(self.last_seen.items())},
             "wall_time_s": self.wall, "client_compute_s": self.compute,
@@ -338,6 +380,7 @@ class _Run(TrainerRun):
         self.seen_seeds = {bytes(row) for row in tensors["seen_seeds"].cpu().numpy()}
         self.round = int(state["round"])
         self.up, self.down = int(state["uplink_bits"]), int(state["downlink_bits"])
+        self.messages = int(state["messages"])
         self.up_no_seed = int(state["uplink_bits_without_seeds"])
         self.round_bits = [int(b) for b in state["round_bits"]]
         self.last_seen = {int(c): int(r) for c, r in state["last_seen"].items()}
@@ -365,62 +408,82 @@ class _Run(TrainerRun):
         """
         assert self.ledger is not None
         event = canonical_json(event_to_dict(self.charge_event()))
+
+        def charges(t: int) -> list[tuple[int, Any, Any, str]]:
+            if self.secure is not None and self.algorithm == "dprec":
+                return [(t, None, None, event)]  # the draws cannot be replayed: any client
+            return [(t, cid, cnt, event) for cnt, ids in self.charges(t) for cid in ids]
+
         self.precharged = adopt_round_charges(
             self.ledger, pointer, run_id=self.algorithm, start=self.round,
-            window=self.round + max(self.cfg.checkpoint_every, 1),
-            charges=lambda t: [(t, cid, cnt, event) for cnt, ids in self.charges(t)
-                               for cid in ids])
+            window=self.round + max(self.cfg.checkpoint_every, 1), charges=charges,
+            replays_identically=self.secure is None)
 
     # -- report -----------------------------------------------------------------------------
-    def participations(self) -> np.ndarray:
-        """How many messages (DP-REC) or rounds (DP-FedAvg, FedAvg) each client took part in
-        (from the seed tree)."""
-        counts = np.zeros(self.n, dtype=np.int64)
-        for t in range(1, self.round + 1):
-            np.add.at(counts, self.draws(t), 1)
-        return counts
-
     def report(self) -> dict[str, Any]:
         """History, privacy and communication sections (and ``_model``, the final parameters,
         which the report leaves out)."""
         cfg, algorithm = self.cfg, self.algorithm
-        # Poisson participation, replayed from the seed tree once (DP-REC's is fixed: |S'|)
-        taken = None if algorithm == "dprec" else self.participations()
-        messages = (self.round * cfg.clients_per_round if taken is None
-                    else int(taken.sum()))
         comm = {"uplink_bits": self.up, "downlink_bits": self.down,
-                "float32_uplink_bits": FLOAT_BITS * self.d * messages, "messages": messages,
-                "parameters": self.d}
+                "float32_uplink_bits": FLOAT_BITS * self.d * self.messages,
+                "messages": self.messages, "parameters": self.d}
         if algorithm == "dprec":
             comm |= {"uplink_bits_without_seeds": self.up_no_seed,
                      "bits_per_message": (8 * rec.SEED_BYTES + self.num_groups * cfg.bits),
                      "history_compression": cfg.history_compression}
-        privacy = self._privacy(taken) if algorithm != "fedavg" else {
+        privacy = self._privacy() if algorithm != "fedavg" else {
             "non_private": True, "epsilon_central": None, "rounds_run": self.round,
             "client_rate": self.q, "note": "non-private reference: DP-FedAvg's Poisson "
-            "sampling and server step, no clipping, no noise, nothing charged"}
+            "sampling and server step, no clipping, no noise, nothing charged: every number "
+            "it reports is computed without privacy"}
         return {"history": self.history, "privacy": privacy, "communication": comm,
                 "_model": {k: v.detach().cpu() for k, v in self.w.items()}}
 
-    def _privacy(self, taken: np.ndarray | None) -> dict[str, Any]:
-        """The privacy section (``taken``: :meth:`participations`, DP-FedAvg's)."""
+    def _not_covered(self) -> list[tuple[str, str]]:
+        """What a private algorithm's report holds outside its epsilon (beside the
+        timings): counts of the secret samples, and the server's own records."""
+        sample = ("counts the clients in each round's secret sample" if self.algorithm ==
+                  "dpfedavg" else "counts the distinct clients each round drew (the secret "
+                  "draws)")
+        items = [("downlink_bits, cumulative_bits, communication.downlink_bits", sample)]
+        if self.algorithm == "dpfedavg":
+            items.append(("uplink_bits, communication.uplink_bits, messages, "
+                          "float32_uplink_bits", sample))
+        items.append((f"OUT/ledger-{self.algorithm}.jsonl and the checkpoints",
+                      "the server's own records of who took part when: against a reader of "
+                      "them only the local (unamplified) epsilon holds"))
+        return items
+
+    def _privacy(self) -> dict[str, Any]:
+        """The privacy section of DP-REC or DP-FedAvg: the central epsilon (the headline, also
+        ``epsilon_max``), the local or unamplified one at public participation counts, and
+        what the run treats as public and does not cover."""
         cfg, algorithm = self.cfg, self.algorithm
         assert self.ledger is not None and self.relation is not None
         relation = RELATION_NAMES[self.relation.name]
+        central = self.central_after(self.round)
         privacy: dict[str, Any] = {
             "delta": cfg.delta, "neighboring_relation": self.relation.name,
-            "relation": relation, "epsilon_central": self.central_after(self.round),
-            "proven": True, "rounds_run": self.round,
+            "relation": relation, "epsilon_central": central, "epsilon_max": central,
+            "epsilon_mean": central, "per_client": [central] * self.n, "rounds_run": self.round,
             "epsilon_per_round": [h["epsilon"] for h in self.history],
         }
+        public = [f"N = {self.n}: the number of clients", "the number of rounds"]
         if algorithm == "dprec":
-            eps_local = self.ledger.epsilons([str(i) for i in range(self.n)])
-            local = np.array([eps_local[str(i)] for i in range(self.n)])
+            k_exp = max(1, math.ceil(self.round * cfg.clients_per_round / self.n))
+            ev = self.charge_event()
+
+            def local(k: int) -> float:
+                return privkit.epsilon(privkit.SelfComposedDpEvent(ev, k), cfg.delta, "rdp",
+                                       neighboring_relation=self.relation).epsilon
+
             privacy |= {
-                "epsilon_mean": float(local.mean()), "epsilon_max": float(local.max()),
-                "per_client": local.tolist(), "method": "rdp",
-                "central_assumptions": [AMPLIFICATION_ASSUMPTION],
-                "local_assumptions": ["no amplification: each client's own messages composed"],
+                "epsilon_local": {
+                    "expected_messages": k_exp, "epsilon_at_expected": local(k_exp),
+                    "note": "no amplification (against the server, which knows who was "
+                            "drawn): a client's own messages composed, here at the expected "
+                            "count T |S'| / N; the ledger holds each client's own"},
+                "method": "rdp", "central_assumptions": [AMPLIFICATION_ASSUMPTION],
                 "mechanism": "rec", "stddev": self.sigma,
                 "noise_multiplier": self.sigma / cfg.l2_clip,
                 "num_candidates": 1 << cfg.bits, "num_groups": self.num_groups,
@@ -428,37 +491,37 @@ class _Run(TrainerRun):
                                  "amplification is proven under replace-one (privkit spec)",
                 "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
                          "(Wang-Balle-Kasiviswanathan Thm 9)"}
+            public.append(f"|S'| = {cfg.clients_per_round} draws per round")
         else:
             assert self.z is not None
-            eps = self.ledger.epsilons([POPULATION])[POPULATION] if self.round else 0.0
-            # without amplification (the sample not secret): a client's own rounds composed
-            assert taken is not None
-            k_max = int(taken.max()) if self.round else 0
-            unamp = self.charge_event()
-            unamp = getattr(unamp, "event", unamp)  # the Gaussian inside the Poisson sampling
-            eps_unamp = privkit.epsilon(privkit.SelfComposedDpEvent(unamp, k_max), cfg.delta,
-                                        neighboring_relation=self.relation).epsilon \
-                if k_max else 0.0
+            unamp = self.plan.unamplified(self.round, cfg.delta, self.relation)
+            ev = self.charge_event()
             privacy |= {
-                "epsilon_ledger": eps, "epsilon_mean": eps, "epsilon_max": eps,
-                "per_client": [eps] * self.n,
-                "epsilon_unamplified_max": eps_unamp, "rounds_of_busiest_client": k_max,
+                "epsilon_ledger": self.ledger.epsilons([POPULATION])[POPULATION]
+                if self.round else 0.0,
+                "epsilon_unamplified": unamp,
                 "method": "privkit.epsilon (auto: smallest valid bound)",
-                "trust_assumption": TRUST_ASSUMPTION,
+                "trust": TRUST_ASSUMPTION, "trust_assumption": TRUST_ASSUMPTION,
                 "central_assumptions": [
                     TRUST_ASSUMPTION, "Poisson client sampling at rate q whose outcome stays "
-                    "secret (amplification used)",
+                    "secret from everyone but the server (amplification used)",
                     f"{relation}: neighbouring federations differ in one whole client"],
-                "local_assumptions": ["epsilon_unamplified_max: the sample not secret; the "
-                                      "busiest client's rounds composed (trusted aggregator "
-                                      "still assumed)"],
                 "mechanism": "client_level_gaussian (DP-FedAvg)", "noise_multiplier": self.z,
-                "event_noise_multiplier": float(unamp.noise_multiplier),
+                "event_noise_multiplier": float(getattr(ev, "event", ev).noise_multiplier),
                 "noise_stddev_of_sum": self.z * cfg.l2_clip,
                 "noise_stddev": self.z * cfg.l2_clip / (self.q * self.n),
                 "l2_clip_norm": cfg.l2_clip, "client_rate": self.q,
                 "expected_clients": self.q * self.n, "server_lr": cfg.server_lr,
                 "server_momentum": cfg.server_momentum}
+            if self.relation == ADD_OR_REMOVE_ONE and self.round:
+                ro = NeighboringRelation.REPLACE_ONE
+                privacy["epsilon_replace_one"] = privkit.epsilon(privkit.SelfComposedDpEvent(
+                    dpfedavg_round_event(self.z, self.q, ro), self.round), cfg.delta,
+                    neighboring_relation=ro).epsilon
+            public.append(f"q = {self.q:g} and the divisor q N = {self.q * self.n:g}")
+        privacy |= self.pub.notes(proven_maths=True, public=public,
+                                  dataset_description=self.ds.description,
+                                  extra_not_covered=self._not_covered())
         if self.stopped:
             privacy["stopped"] = self.stopped
         return privacy
@@ -492,6 +555,7 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
     if algorithm == "dpfedavg" and z is None:
         raise InvalidParameterError("dpfedavg_noise", None, "given or calibrated")
     check_relation(cfg, algorithm)
+    cfg = cfg.resolved((algorithm,), check=False)
     ledger = None if algorithm == "fedavg" else _open_ledger(algorithm, cfg, out, resume)
     run = _Run(algorithm, cfg, ds, ledger, z, stddev)
     drive(run, checkpoints=checkpoint_dir(out, algorithm),

@@ -106,8 +106,25 @@ def test_empty_round_still_draws_the_noise(monkeypatch):
         assert any(not torch.equal(res["_model"][k], w0[k]) for k in w0)
 
 
+def _without_dprec(**over):
+    """SMALL without DP-REC's own settings (given for a run without DP-REC they are refused)."""
+    return DPRecConfig(**({k: v for k, v in SMALL.items() if k != "bits"} | over))
+
+
+def test_settings_of_an_algorithm_that_does_not_run_are_refused():
+    with pytest.raises(InvalidParameterError, match="bits must be given only when DP-REC runs"):
+        train(DPRecConfig(**SMALL), algorithm="fedavg", compare=())
+    with pytest.raises(InvalidParameterError, match="stddev must be left out with --epsilon"):
+        train(DPRecConfig(**(SMALL | {"epsilon": 4.0, "stddev": 2.0})))
+    with pytest.raises(InvalidParameterError, match="dpfedavg_noise must be given only"):
+        train(DPRecConfig(**(SMALL | {"dpfedavg_noise": 2.0})), compare=())
+    with pytest.raises(InvalidParameterError, match="clients must be given only when "
+                                                     "--dataset digits"):
+        train(DPRecConfig(**(SMALL | {"dataset": "synthetic:iid"})))
+
+
 def test_fedavg_reference_is_not_private_and_charges_nothing(tmp_path):
-    cfg = DPRecConfig(**SMALL)
+    cfg = _without_dprec()
     res = train(cfg, algorithm="fedavg", compare=(), out=tmp_path)
     p = res["algorithms"]["fedavg"]["privacy"]
     assert p["non_private"] is True and p["epsilon_central"] is None
@@ -119,7 +136,8 @@ def test_replace_one_is_dprecs_only_relation():
     cfg = DPRecConfig(**(SMALL | {"relation": "add-remove"}))
     with pytest.raises(InvalidParameterError, match="relation"):
         train(cfg, compare=("dpfedavg",))
-    res = train(cfg, algorithm="dpfedavg", compare=())  # DP-FedAvg alone: allowed
+    res = train(_without_dprec(relation="add-remove"), algorithm="dpfedavg",
+                compare=())  # DP-FedAvg alone: allowed
     assert res["algorithms"]["dpfedavg"]["privacy"]["relation"] == "add-remove"
     rep = train(DPRecConfig(**(SMALL | {"relation": "replace-one"})), compare=("dpfedavg",))
     assert {r["privacy"]["relation"] for r in rep["algorithms"].values()} == {"replace-one"}

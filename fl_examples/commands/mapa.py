@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
         noise_multiplier=args.noise_multiplier, noise_for_epsilon=args.noise_for_epsilon,
         clip=args.clip, step_schedule=args.step_schedule, lr=args.lr,
+        secure_noise=args.secure_noise, eval_client_data=args.eval_client_data,
     )
     res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
     if args.json:

@@ -87,6 +87,7 @@ import numpy as np
 
 from fl_examples.core.asyncsim import simulate
 from fl_examples.core.models import num_parameters
+from fl_examples.core.release import check_heldout
 from fl_examples.core.report import write_report
 from fl_examples.core.run import ledger_path
 from fl_examples.mapa.config import (
@@ -138,7 +139,13 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
     for name in algorithms:
         if name not in ALGORITHMS:
             raise InvalidParameterError("algorithms", name, f"among {', '.join(ALGORITHMS)}")
+    private = [a for a in algorithms if a != "asgd"]
+    for flag in ("secure_noise", "eval_client_data"):
+        if getattr(cfg, flag) and not private:
+            raise InvalidParameterError(flag, True, "given only when a private algorithm "
+                                        "(mapa, audp) runs")
     ds = load_edges(cfg.dataset, edges=cfg.edges, seed=cfg.seed)
+    check_heldout(bool(private), ds.has_heldout, cfg.eval_client_data, cfg.dataset)
     _check_data(cfg, ds)
     model = make_model(cfg.model, ds)  # model/data mismatches fail before any ledger exists
     out_path = Path(out) if out is not None else None

@@ -96,6 +96,10 @@ class MapaConfig:
             for AUDP and MAPA with ``l2`` / ``l1``); see
             :func:`~fl_examples.mapa.schedule.step_rule`.
         lr: the constant step size.
+        secure_noise: the private algorithms' batches and noise from the OS CSPRNG (otherwise
+            a private run is a seeded simulation).
+        eval_client_data: the private algorithms also evaluate on the edges' training and test
+            data (listed as not covered by their epsilon).
     """
 
     dataset: str = "digits"
@@ -134,6 +138,8 @@ class MapaConfig:
     clip: float | None = None
     step_schedule: str = "auto"
     lr: float = 0.1
+    secure_noise: bool = False
+    eval_client_data: bool = False
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_CHOICES:

@@ -41,7 +41,12 @@ def report_entry(run: Any) -> dict[str, Any]:
     if run.diverged:
         out["diverged"] = run.diverged
     if run.private:
-        out["privacy"] = privacy_section(run, uploads)
+        p = privacy_section(run, uploads)
+        public = ["the edges, their record counts n_k and which edge uploads when (the "
+                  "simulated schedule: record-level DP protects records, not participation)"]
+        p |= run.pub.notes(proven_maths=bool(p.get("proven", True)), public=public,
+                           dataset_description=getattr(run, "dataset_description", None))
+        out["privacy"] = p
     return out
 
 
@@ -68,23 +73,32 @@ def _step_description(run: Any) -> dict[str, Any]:
                    "variance": cfg.variance}
 
 
-def updates_to_loss(history: list[dict[str, Any]], target: float) -> int | None:
-    """The first evaluated update count whose training loss is <= target (None: never)."""
+def updates_to_loss(history: list[dict[str, Any]], target: float,
+                    key: str = "train_loss") -> int | None:
+    """The first evaluated update count whose loss (``key``) is <= target (None: never)."""
     for row in history:
-        if row["train_loss"] is not None and row["train_loss"] <= target:
+        if row.get(key) is not None and row[key] <= target:
             return int(row["iteration"])
     return None
 
 
+def comparison_loss(algs: dict[str, dict[str, Any]]) -> str:
+    """The loss every algorithm's rows hold: the training loss, or (a private algorithm's
+    rows hold only public-data metrics) the held-out loss."""
+    rows = [r["history"][0] for r in algs.values() if r["history"]]
+    return "train_loss" if all("train_loss" in h for h in rows) else "heldout_loss"
+
+
 def _comparison(cfg: MapaConfig, algs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     first = next(iter(algs.values()))["history"]
-    f0 = float(first[0]["train_loss"])
+    key = comparison_loss(algs)
+    f0 = float(first[0][key])
     targets = [(f"{q:g} x initial loss", q * f0) for q in TARGET_FRACTIONS]
     if cfg.target_loss is not None:
         targets.append(("absolute", cfg.target_loss))
     rows = []
     for label, target in targets:
-        need = {n: updates_to_loss(r["history"], target) for n, r in algs.items()}
+        need = {n: updates_to_loss(r["history"], target, key) for n, r in algs.items()}
         row: dict[str, Any] = {"target": label, "target_loss": target, "updates": need}
         m = need.get("mapa")
         for other in ("audp", "asgd"):
@@ -92,8 +106,8 @@ def _comparison(cfg: MapaConfig, algs: dict[str, dict[str, Any]]) -> dict[str, A
             if "mapa" in need and other in need:
                 row[f"mapa_over_{other}"] = (m / o) if (m is not None and o) else None
         rows.append(row)
-    best = {n: min(h["train_loss"] for h in r["history"]) for n, r in algs.items()}
-    return {"initial_loss": f0, "targets": rows, "best_train_loss": best,
+    best = {n: min(h[key] for h in r["history"]) for n, r in algs.items()}
+    return {"loss": key, "initial_loss": f0, "targets": rows, f"best_{key}": best,
             "note": "updates are resolved to the evaluation grid (eval_every); a ratio < 1 "
                     "means MAPA needed fewer updates; None: a side never reached the target"}
 
@@ -136,12 +150,21 @@ _COLUMNS = (Column("algorithm", 9), Column("updates", 7), Column("train loss", 1
             Column("tau max", 7))
 
 
+_PRIVATE_COLUMNS = (Column("algorithm", 9), Column("updates", 7),
+                    Column("heldout loss", 12, ".4f"), Column("heldout acc", 11, ".4f"),
+                    Column("sim s", 9, ".1f"), Column("wall s", 7, ".2f"),
+                    Column("tau mean", 8, ".1f"), Column("tau max", 7))
+
+
 def final_table(result: dict[str, Any]) -> str:
-    """A text table of each algorithm's last evaluation, privacy and the comparison."""
+    """A text table of each algorithm's last evaluation, privacy and the comparison (a run
+    with a private algorithm shows held-out metrics: public data)."""
     algs = result["algorithms"]
-    lines = text_table(_COLUMNS, [
-        (name, r["updates"], *(r["history"][-1][k] for k in ("train_loss", "train_accuracy",
-                                                             "test_accuracy")),
+    private = comparison_loss(algs) == "heldout_loss"
+    cols, keys = ((_PRIVATE_COLUMNS, ("heldout_loss", "heldout_accuracy")) if private else
+                  (_COLUMNS, ("train_loss", "train_accuracy", "test_accuracy")))
+    lines = text_table(cols, [
+        (name, r["updates"], *(r["history"][-1].get(k, float("nan")) for k in keys),
          r["simulated_time_s"], r["history"][-1]["wall_time_s"], r["staleness_mean"],
          r["staleness_max"]) for name, r in algs.items()])
     notes = []
@@ -169,7 +192,15 @@ def final_table(result: dict[str, Any]) -> str:
                 f"{p['uploads_min']}..{p['uploads_max']} (mean {p['uploads_mean']:.1f})"
                 + (f"\n  {p['stopped']}" if "stopped" in p else ""))
     comp = result["comparison"]
-    cmp_lines = [f"updates to reach a training loss (initial {comp['initial_loss']:.4f}):"]
+    what = "a held-out" if comp.get("loss") == "heldout_loss" else "a training"
+    cmp_lines = [f"updates to reach {what} loss (initial {comp['initial_loss']:.4f}):"]
+    p0 = next((r["privacy"] for r in algs.values() if "privacy" in r), None)
+    if p0 is not None:
+        mark = {"simulation": "seeded simulation: the guarantee holds only against someone "
+                "who does not know --seed", "proven": "batches and noise from the OS CSPRNG",
+                "not proven": "NOT PROVEN"}[p0["guarantee"]]
+        notes.append(f"({mark}; not covered by epsilon: "
+                     + "; ".join(n["field"] for n in p0["not_covered"]) + ")")
     for row in comp["targets"]:
         need = ", ".join(f"{n} {v if v is not None else 'never'}"
                          for n, v in row["updates"].items())

@@ -25,6 +25,7 @@ from fl_examples.core import checkpoint
 from fl_examples.core.asyncsim import Schedule, simulate
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.models import PerExampleModel, flatten, num_parameters
+from fl_examples.core.release import Publication
 from fl_examples.core.rounds import resolve_device
 from fl_examples.core.run import TrainerRun, checkpoint_dir, drive
 from fl_examples.mapa.charges import ChargesMixin, _Call
@@ -76,10 +77,14 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
     keeps_earlier_spend = False  # without a checkpoint, foreign spend refuses the resume
 
     def __init__(self, algorithm: str, cfg: MapaConfig, model: PerExampleModel, data: _Data,
-                 schedule: Schedule, ledger: Ledger | None, device: torch.device) -> None:
+                 schedule: Schedule, ledger: Ledger | None, device: torch.device,
+                 heldout: str | None = None) -> None:
         self.algorithm, self.cfg, self.model, self.data = algorithm, cfg, model, data
         self.sched, self.ledger, self.device = schedule, ledger, device
         self.private = algorithm != "asgd"
+        self.pub = Publication(private=self.private, client_metrics=cfg.eval_client_data,
+                               secure=cfg.secure_noise, seed=cfg.seed, heldout=heldout)
+        self.loss_key = self.pub.loss_key
         self.dim = num_parameters(model)
         k = cfg.edges
         self.eps = cfg.epsilons()
@@ -221,13 +226,19 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
             raise RuntimeError("charges adopted on resume were not all replayed")
 
     def evaluate(self) -> dict[str, Any]:
-        loss, acc = _evaluate(self.model, self.x, self.data.x, self.data.y)
-        _, test_acc = _evaluate(self.model, self.x, self.data.x_test, self.data.y_test)
+        """One history row: held-out metrics (public data), the edges' own metrics for the
+        non-private ASGD (or with ``eval_client_data``), timings and the simulated clock."""
+        row: dict[str, Any] = {"iteration": self.applied}
+        d = self.data
+        if d.x_heldout is not None:
+            row["heldout_loss"], row["heldout_accuracy"] = _evaluate(
+                self.model, self.x, d.x_heldout, d.y_heldout)
+        if self.pub.evaluate_clients:
+            row["train_loss"], row["train_accuracy"] = _evaluate(self.model, self.x, d.x, d.y)
+            _, row["test_accuracy"] = _evaluate(self.model, self.x, d.x_test, d.y_test)
         last = self.events_done - 1
-        row = {"iteration": self.applied, "train_loss": loss, "train_accuracy": acc,
-               "test_accuracy": test_acc, "wall_time_s": self.wall,
-               "client_compute_s": self.compute,
-               "simulated_time_s": float(self.sched.done_s[last]) if last >= 0 else 0.0}
+        row |= {"wall_time_s": self.wall, "client_compute_s": self.compute,
+                "simulated_time_s": float(self.sched.done_s[last]) if last >= 0 else 0.0}
         if self.private and self.ledger is not None:
             row["epsilon_max"] = self._epsilon_max()
         self.history.append(row)
@@ -313,7 +324,8 @@ def run_algorithm(algorithm: str, cfg: MapaConfig, *, out: Path | None = None,
     if schedule is None:
         schedule = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed,
                             tau_max=cfg.tau_max)
-    run = _Run(algorithm, cfg, model, _pool(ds, device), schedule, None, device)
+    run = _Run(algorithm, cfg, model, _pool(ds, device), schedule, None, device,
+               heldout=ds.description.get("heldout") if ds.has_heldout else None)
     # opened once the run's settings hold (the Gaussian mode's z is calibrated by now)
     run.ledger = _open_ledger(cfg, algorithm, out, resume) if algorithm != "asgd" else None
     drive(run, checkpoints=checkpoint_dir(out, algorithm), checkpoint_every=cfg.checkpoint_every,

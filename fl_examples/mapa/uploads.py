@@ -22,6 +22,7 @@ from torch import Tensor
 
 from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.mapa.schedule import _mechanism
+from privkit._rng import SecureRandom
 from privkit.mechanisms import (
     NoiseShape,
     clip_per_example,
@@ -59,6 +60,8 @@ class _Data:
     y_test: Tensor
     offsets: np.ndarray
     sizes: np.ndarray
+    x_heldout: Tensor | None = None
+    y_heldout: Tensor | None = None
 
 
 def _pool(ds: FederatedDataset, device: torch.device) -> _Data:
@@ -66,10 +69,13 @@ def _pool(ds: FederatedDataset, device: torch.device) -> _Data:
     xt, yt = ds.pooled(Split.TEST)
     sizes = ds.train_sizes
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    held = (None, None) if ds.x_heldout is None else (
+        torch.as_tensor(ds.x_heldout, dtype=torch.float32, device=device),
+        torch.as_tensor(ds.y_heldout, dtype=torch.long, device=device))
     return _Data(torch.as_tensor(x, dtype=torch.float32, device=device),
                  torch.as_tensor(y, dtype=torch.long, device=device),
                  torch.as_tensor(xt, dtype=torch.float32, device=device),
-                 torch.as_tensor(yt, dtype=torch.long, device=device), offsets, sizes)
+                 torch.as_tensor(yt, dtype=torch.long, device=device), offsets, sizes, *held)
 
 
 @torch.no_grad()
@@ -116,13 +122,25 @@ class UploadsMixin:
 
     # and the run's ``_charge(edges)``, ``_will_apply(k)`` and ``_delta_s_for(version)``
 
+    def _rng(self, tag: int, k: int, u: int) -> Any:
+        """The stream of upload u of edge k: keyed by (seed, edge, upload), or the OS CSPRNG
+        (:class:`privkit.SecureRandom`) for a private run with ``secure_noise``."""
+        if self.cfg.secure_noise and self.private:
+            return SecureRandom()
+        return _stream(self.cfg.seed, tag, k, u)
+
     def _batch_rows(self, k: int, u: int) -> np.ndarray:
         """Rows (into the pooled data) of upload u of edge k: b distinct records, or a Poisson
         sample keeping each of the edge's n_k records with probability q_k = b / n_k."""
         n = int(self.data.sizes[k])
-        rng = _stream(self.cfg.seed, _TAG_BATCH, k, u)
+        rng = self._rng(_TAG_BATCH, k, u)
+        uniforms = np.asarray(rng.uniform(n) if isinstance(rng, SecureRandom)
+                              else rng.random(n)) if (
+            self.cfg.batch_sampler == "poisson" or isinstance(rng, SecureRandom)) else None
         if self.cfg.batch_sampler == "poisson":
-            rows = np.flatnonzero(rng.random(n) < self.q[k])
+            rows = np.flatnonzero(uniforms < self.q[k])
+        elif uniforms is not None:  # b distinct records: the b smallest of n uniforms
+            rows = np.argsort(uniforms, kind="stable")[: self.cfg.batch]
         else:
             rows = rng.choice(n, self.cfg.batch, replace=False)
         return rows + int(self.data.offsets[k])
@@ -168,7 +186,7 @@ class UploadsMixin:
                 for i, (k, u) in enumerate(zip(ks, ups)):
                     mech = _mechanism(float(self.delta_s[k]), b, float(self.eps[k]),
                                       self.cfg.noise)
-                    self.grads[k] = mech(per_ex[i], rng=_stream(self.cfg.seed, _TAG_NOISE, k, u))
+                    self.grads[k] = mech(per_ex[i], rng=self._rng(_TAG_NOISE, k, u))
         self.ready[edges] = True
         self.compute += time.perf_counter() - t0
 
@@ -195,7 +213,7 @@ class UploadsMixin:
         mean64 = per.sum(1) / b
         noise = np.empty((m, d))
         for i, (k, u) in enumerate(zip(ks, ups)):
-            rng = _stream(self.cfg.seed, _TAG_NOISE, k, u)
+            rng = self._rng(_TAG_NOISE, k, u)
             if self.cfg.noise == "gaussian":  # N(0, (z C)^2 I) on the clipped sum, then / b
                 clip = b * float(ds[i]) / 2.0
                 noise[i] = gaussian_noise(noise[i], self.z * clip, rng=rng) / b

@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
-        secure_coding=args.secure_coding,
+        secure_coding=args.secure_coding, secure_noise=args.secure_noise,
+        eval_client_data=args.eval_client_data,
         gradient_noise_multiplier=args.gradient_noise_multiplier,
         gradient_noise_for_epsilon=args.gradient_noise_for_epsilon,
         gradient_clip=args.gradient_clip, delta=args.delta)

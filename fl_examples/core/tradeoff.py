@@ -199,11 +199,16 @@ def _load_file(path: Path) -> list[RunPoint]:
         if not isinstance(final, dict):
             raise InvalidParameterError(key(f"{where}.final"), final,
                                         "an evaluation object (was the run empty?)")
-        for k in ("test_accuracy", "train_loss"):
-            if k not in final:
-                raise InvalidParameterError(key(f"{where}.final.{k}"), None, "present")
-        test_acc = _number(final["test_accuracy"], key(f"{where}.final.test_accuracy"))
-        loss = _number(final["train_loss"], key(f"{where}.final.train_loss"))
+        # the held-out metrics (public data: what a private run publishes), else the
+        # clients' test accuracy and training loss (older reports, non-private runs)
+        acc_key = "heldout_accuracy" if "heldout_accuracy" in final else "test_accuracy"
+        loss_key = "heldout_loss" if "heldout_loss" in final else "train_loss"
+        if loss_key not in final:
+            raise InvalidParameterError(key(f"{where}.final.{loss_key}"), None, "present")
+        # a regression task (SCFL on linreg) has no accuracy
+        test_acc = _number(final[acc_key], key(f"{where}.final.{acc_key}")) \
+            if acc_key in final else math.nan
+        loss = _number(final[loss_key], key(f"{where}.final.{loss_key}"))
         priv = entry.get("privacy")
         measure, mi_mean, mi_max = "epsilon", math.nan, math.nan
         if priv is None:

@@ -103,9 +103,10 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
         "eta": sh.eta, "timing": {"n_mac": t.n_mac, "macr": t.macr.tolist(),
                                   "macr_server": t.macr_server, "tau_u": t.tau_u.tolist(),
                                   "erasure": t.erasure.tolist(), "t_down": t.t_down}}
-    target = results.get("fl-pma", {}).get("history", [{}])[-1].get("train_loss")
+    key = "heldout_loss" if cfg.gradient_dp else "train_loss"  # public data when private
+    target = results.get("fl-pma", {}).get("history", [{}])[-1].get(key)
     for entry in results.values():
-        entry["time_to_fl_pma_final_loss_s"] = (time_to_loss(entry["history"], target)
+        entry["time_to_fl_pma_final_loss_s"] = (time_to_loss(entry["history"], target, key)
                                                 if target is not None else None)
     if out_path is not None:
         scope = PRIVACY_SCOPE_GRADIENT_DP if cfg.gradient_dp else PRIVACY_SCOPE
@@ -113,18 +114,24 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
     return {"config": config, "algorithms": results}
 
 
-def time_to_loss(history: list[dict[str, Any]], target: float) -> float | None:
-    """Simulated time of the first evaluation with train_loss <= target (None: never)."""
+def time_to_loss(history: list[dict[str, Any]], target: float,
+                 key: str = "train_loss") -> float | None:
+    """Simulated time of the first evaluation whose loss ``key`` is <= target (None: never)."""
     for h in history:
-        if h["train_loss"] <= target:
+        if h[key] <= target:
             return float(h["simulated_time_s"])
     return None
 
 
 _COLUMNS = (Column("method", 14), Column("rounds", 6), Column("train loss", 10, ".5f"),
-            Column("test acc", 8, ".4f"), Column("sim time s", 10, ".2f"),
+            Column("test acc", 8), Column("sim time s", 10, ".2f"),
             Column("mean arrivals", 13, ".2f"), Column("t to PMA loss", 13),
             Column("MI-DP nats (mean/max)", 22))
+#: With gradient noise (a private run): the held-out metrics, public data.
+_PRIVATE_COLUMNS = (Column("method", 14), Column("rounds", 6),
+                    Column("heldout loss", 12, ".5f"), Column("heldout acc", 11),
+                    Column("sim time s", 10, ".2f"), Column("mean arrivals", 13, ".2f"),
+                    Column("t to PMA loss", 13), Column("MI-DP nats (mean/max)", 22))
 
 
 def final_table(result: dict[str, Any]) -> str:
@@ -138,9 +145,15 @@ def final_table(result: dict[str, Any]) -> str:
         mi = (f"{p['mi_dp_nats_mean']:.4g}/{p['mi_dp_nats_max']:.4g}" if p else "- (no upload)")
         if p and p["labels_fully_disclosed"]:
             mi += " [labels disclosed]"
-        rows.append((name, f["iteration"], f["train_loss"], f["test_accuracy"],
-                     f["simulated_time_s"], arr, "-" if ttl is None else f"{ttl:.2f}", mi))
-    lines = text_table(_COLUMNS, rows)
+        private = "heldout_loss" in f
+        loss = f["heldout_loss"] if private else f["train_loss"]
+        acc = f.get("heldout_accuracy" if private else "test_accuracy")
+        rows.append((name, f["iteration"], loss, "-" if acc is None or acc != acc
+                     else f"{acc:.4f}", f["simulated_time_s"], arr,
+                     "-" if ttl is None else f"{ttl:.2f}", mi))
+    first = next(iter(result["algorithms"].values()))["history"][-1]
+    cols = _PRIVATE_COLUMNS if "heldout_loss" in first else _COLUMNS
+    lines = text_table(cols, rows)
     dp = {n: r["gradient_privacy"] for n, r in result["algorithms"].items()
           if "gradient_privacy" in r}
     covers = "coded upload only" if dp else COVERS
@@ -150,6 +163,12 @@ def final_table(result: dict[str, Any]) -> str:
         lines += [f"  {n}: eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} at "
                   f"delta={p['delta']:g} [{p['method']}], clip {p['l2_clip_norm']:g}, "
                   f"z {p['noise_multiplier']:.4g}" for n, p in dp.items()]
+        p0 = next(iter(dp.values()))
+        mark = {"simulation": "seeded simulation: the guarantee holds only against someone "
+                "who does not know --seed", "proven": "batches and noise from the OS CSPRNG",
+                "not proven": "NOT PROVEN"}[p0["guarantee"]]
+        lines.append(f"({mark}; not covered by epsilon: "
+                     + "; ".join(n["field"] for n in p0["not_covered"]) + ")")
     else:
         lines.append("client gradients: no noise (unprotected).")
     return "\n".join(lines)

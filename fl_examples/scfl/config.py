@@ -87,6 +87,12 @@ class ScflConfig:
             erasure_min/erasure_max: p_l,i uniform in this range; downlink_rate (bit/s);
             bits_per_param: gradient and model encoding.
         secure_coding: draw G and the noise from the OS CSPRNG (not reproducible).
+        secure_noise: everything the guarantees rest on from the OS CSPRNG: the coding (as
+            ``secure_coding``) and, with gradient noise, the clients' Poisson batches and the
+            noise (otherwise a seeded simulation).
+        eval_client_data: with gradient noise, also evaluate on the clients' training data
+            (listed as not covered by the epsilon); by default a private run evaluates on the
+            held-out set (the test rows, which no client trains on) only.
         gradient_noise_multiplier: z of record-level DP on the per-epoch client gradients
             (None: the gradients carry no noise, the paper's setting): each example's
             gradient ``x_j (x_j^T W - y_j)^T`` is clipped to ``gradient_clip``, the sum gets
@@ -133,6 +139,8 @@ class ScflConfig:
     downlink_rate: float = 2e6
     bits_per_param: int = 32
     secure_coding: bool = False
+    secure_noise: bool = False
+    eval_client_data: bool = False
     gradient_noise_multiplier: float | None = None
     gradient_noise_for_epsilon: float | None = None
     gradient_clip: float = 1.0
@@ -186,6 +194,11 @@ class ScflConfig:
                                         "0 <= erasure_min <= erasure_max < 1")
         v.positive_int("bits_per_param", self.bits_per_param)
         v.positive("gradient_clip", self.gradient_clip)
+        if self.eval_client_data and not self.gradient_dp:
+            raise InvalidParameterError(
+                "eval_client_data", True, "given only with gradient noise "
+                "(--gradient-noise-multiplier or --gradient-noise-for-epsilon): without it "
+                "the client gradients are unprotected and every metric is published anyway")
         if self.gradient_noise_multiplier is not None:
             v.positive("gradient_noise_multiplier", self.gradient_noise_multiplier)
             if self.gradient_noise_for_epsilon is not None:

@@ -20,6 +20,7 @@ import numpy as np
 import privkit
 from fl_examples.core.dp_modes import charge_entries, epsilon_section, grouped
 from fl_examples.core.privacy import BudgetStop
+from fl_examples.core.release import Publication
 from fl_examples.core.run import (
     TrainerRun,
     adopt_round_charges,
@@ -93,7 +94,7 @@ def _code(cfg: ScflConfig, data: RegressionData, weights: np.ndarray | None
           ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
     """Every client's upload (optionally weighted rows, CodedFedL) and the server sum."""
     uploads: dict[str, CodedUpload] = {}
-    secure = SecureRandom() if cfg.secure_coding else None
+    secure = SecureRandom() if cfg.secure_coding or cfg.secure_noise else None
     mode = _enum(LabelMode, "label_mode", cfg.label_mode)
     for i, cid in enumerate(data.client_ids):
         # CodedFedL weights client i's rows by w_i = sqrt(1 - p_i); its bounds scale with w_i
@@ -168,6 +169,13 @@ class _Run(TrainerRun):
         self.history: list[dict[str, Any]] = []
         self.arrivals: list[int] = []
         self.tree = SeedTree(cfg.seed)
+        # a run with gradient noise is a private run: held-out metrics only, by default
+        self.pub = Publication(private=cfg.gradient_dp, client_metrics=cfg.eval_client_data,
+                               secure=cfg.secure_noise, seed=cfg.seed,
+                               heldout=sh.data.description.get("heldout", "the test rows, "
+                                                               "which no client trains on"))
+        self.loss_key = self.pub.loss_key
+        self.secure = SecureRandom() if cfg.secure_noise and cfg.gradient_dp else None
         sizes = sh.data.sizes
         self.has_data = sizes > 0
         if method is ScflMethod.CFL_FB:
@@ -220,7 +228,15 @@ class _Run(TrainerRun):
         if priv is not None:
             entry["privacy"] = priv
         if self.dp is not None:
-            entry["gradient_privacy"] = _gradient_privacy(self)
+            entry["gradient_privacy"] = _gradient_privacy(self) | self.pub.notes(
+                proven_maths=True, public=[
+                    "N and every client's record count l_i (sampling rates, weights)",
+                    "which clients' gradients arrive (the simulated timing model, which "
+                    "does not depend on the data)"],
+                dataset_description=sh.data.description, extra_not_covered=[(
+                    "the model and every metric computed from it", "the server's gradient "
+                    "on the coded data enters every update: the coded upload is covered by "
+                    "MI-DP (privacy.mi_dp_nats), not by this epsilon")])
         if self.stopped:
             entry["stopped"] = self.stopped
         return entry
@@ -233,7 +249,8 @@ class _Run(TrainerRun):
         self.precharged = adopt_round_charges(
             self.ledger, pointer, run_id=self.algorithm, start=self.round,
             window=self.round + max(self.cfg.checkpoint_every, 1),
-            charges=self._expected_charges, step_name="epoch")
+            charges=self._expected_charges, step_name="epoch",
+            replays_identically=self.secure is None)
 
     def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
         assert self.dp is not None
@@ -249,13 +266,14 @@ class _Run(TrainerRun):
                            label="record-level gradient")
 
     # ---------------------------------------------------------------- one epoch
-    def _client_rows(self, rng: np.random.Generator, i: int) -> tuple[np.ndarray, float]:
+    def _client_rows(self, rng: Any, i: int) -> tuple[np.ndarray, float]:
         size, b = int(self.sh.data.sizes[i]), int(self.batch[i])
         if b >= size:
             return np.arange(size), 1.0
         if _enum(BatchSampling, "batch_sampling", self.sh.cfg.batch_sampling) \
                 is BatchSampling.BERNOULLI:
-            return np.flatnonzero(rng.random(size) < b / size), size / b
+            u = rng.uniform(size) if isinstance(rng, SecureRandom) else rng.random(size)
+            return np.flatnonzero(np.asarray(u) < b / size), size / b
         return rng.choice(size, b, replace=False), size / b
 
     def _server_rows(self, rng: np.random.Generator) -> tuple[np.ndarray, float]:
@@ -274,8 +292,9 @@ class _Run(TrainerRun):
         n = len(sh.data.sizes)
         attempts = sh.timing.draw_attempts(self.tree.numpy(r, "arrivals"))
         t = sh.timing.times(self.batch, attempts)
-        rng_b = self.tree.numpy(r, "batches")
-        rows = [self._client_rows(rng_b, i) for i in range(n)]  # same draws for every method
+        # the same draws for every method, or (gradient noise, secure) the OS CSPRNG's
+        rng_b = self.secure if self.secure is not None else self.tree.numpy(r, "batches")
+        rows = [self._client_rows(rng_b, i) for i in range(n)]
         w = self.w
         noise = None
         if self.dp is not None:
@@ -284,7 +303,9 @@ class _Run(TrainerRun):
             except BudgetStop as stop:
                 self.stopped = f"stopped before epoch {r}: {stop}"
                 return False
-            noise = self.tree.numpy(r, "gradient-noise").normal(size=(n, *w.shape))
+            shape = (n, *w.shape)
+            noise = np.asarray(self.secure.gaussian(1.0, shape)) if self.secure is not None \
+                else self.tree.numpy(r, "gradient-noise").normal(size=shape)
             noise *= self.dp.noise_multiplier * self.dp.clip
         g_o = makeup_term(w, sh.noise_var)
         g_s = None
@@ -343,17 +364,26 @@ class _Run(TrainerRun):
 
     # ------------------------------------------------------------------ evaluation
     def _metrics(self, w: np.ndarray) -> dict[str, float]:
+        """Losses (and accuracies, for class labels) of ``w``. The test rows are the held-out
+        set (no client trains on them), ``heldout_*``; a run with gradient noise adds the
+        clients' training data only with ``eval_client_data``."""
         sh = self.sh
-        res = sh.x_all @ w - sh.y_all
-        out = {"train_loss": float(0.5 * np.mean(np.sum(res**2, axis=1))),
-               "test_loss": float(0.5 * np.mean(np.sum((sh.data.x_test @ w
-                                                        - sh.data.y_test) ** 2, axis=1)))}
-        if sh.labels_all is not None and sh.data.labels_test is not None:
-            out["train_accuracy"] = float(np.mean(np.argmax(sh.x_all @ w, 1) == sh.labels_all))
-            out["test_accuracy"] = float(np.mean(np.argmax(sh.data.x_test @ w, 1)
-                                                 == sh.data.labels_test))
-        else:
-            out["train_accuracy"] = out["test_accuracy"] = math.nan
+        test_loss = float(0.5 * np.mean(np.sum((sh.data.x_test @ w - sh.data.y_test) ** 2,
+                                               axis=1)))
+        classes = sh.labels_all is not None and sh.data.labels_test is not None
+        test_acc = float(np.mean(np.argmax(sh.data.x_test @ w, 1) == sh.data.labels_test)) \
+            if classes else None
+        out: dict[str, float] = {"heldout_loss": test_loss}
+        if test_acc is not None:
+            out["heldout_accuracy"] = test_acc
+        if self.pub.evaluate_clients:
+            res = sh.x_all @ w - sh.y_all
+            out["train_loss"] = float(0.5 * np.mean(np.sum(res**2, axis=1)))
+            out["test_loss"] = test_loss
+            if classes:
+                out["train_accuracy"] = float(np.mean(np.argmax(sh.x_all @ w, 1)
+                                                      == sh.labels_all))
+                out["test_accuracy"] = test_acc  # type: ignore[assignment]
         return out
 
     def evaluate(self) -> dict[str, Any]:
@@ -361,7 +391,7 @@ class _Run(TrainerRun):
         primary = avg if self.sh.cfg.output == "average" else self.w
         other = self.w if self.sh.cfg.output == "average" else avg
         metrics = self._metrics(primary)
-        if not math.isfinite(metrics["train_loss"]):
+        if not math.isfinite(metrics[self.loss_key]):
             raise FloatingPointError(f"{self.method.value}: training diverged at round "
                                      f"{self.round}; lower --lr")
         second = self._metrics(other)
@@ -406,8 +436,23 @@ def _privacy(run: _Run) -> dict[str, Any] | None:
                                                                           / math.log(2)),
             "per_client": nats.tolist(), "label_mode": first.label_mode.value,
             "labels_fully_disclosed": first.labels_fully_disclosed, "method": first.method,
-            "covers": COVERS, "proven": True, "assumptions": list(first.assumptions),
-            "implied": "only (0, sqrt(2 nats))-DP; not an epsilon"}
+            "covers": COVERS, "assumptions": list(first.assumptions),
+            "implied": "only (0, sqrt(2 nats))-DP; not an epsilon"} | _coding_randomness(run)
+
+
+def _coding_randomness(run: _Run) -> dict[str, Any]:
+    """MI-DP rests on a secret G and secret noise: seeded coding is a simulation (the report
+    records the seed, from which a reader regenerates both)."""
+    cfg = run.cfg
+    if cfg.secure_coding or cfg.secure_noise:
+        return {"guarantee": "proven", "proven": True, "randomness": {
+            "source": "os_csprng", "note": "G and the coding noise from the OS CSPRNG "
+            "(--secure-coding or --secure-noise): not reproducible"}}
+    note = ("seeded simulation: G and the coding noise come from the seed this report "
+            "records, so a reader can regenerate them; the MI-DP holds only against someone "
+            "who does not know the seed (--secure-coding or --secure-noise)")
+    return {"guarantee": "simulation", "proven": False, "not_proven_because": note,
+            "randomness": {"source": "seed", "seed": cfg.seed, "note": note}}
 
 
 def _gradient_privacy(run: _Run) -> dict[str, Any]:

@@ -100,10 +100,10 @@ def test_resume_does_not_charge_twice(tmp_path: Path):
 def test_noise_makes_a_difference_and_still_learns():
     base = dict(dataset="digits", clients=20, rounds=60, eval_every=60)
     plain = train(ScflConfig(**base, batch_sampling="bernoulli"),
-                  algorithms="scfl")["algorithms"]["scfl"]["history"][-1]["test_accuracy"]
+                  algorithms="scfl")["algorithms"]["scfl"]["history"][-1]["heldout_accuracy"]
     noisy = train(ScflConfig(**base, batch_sampling="bernoulli",
                              gradient_noise_for_epsilon=8.0),
-                  algorithms="scfl")["algorithms"]["scfl"]["history"][-1]["test_accuracy"]
+                  algorithms="scfl")["algorithms"]["scfl"]["history"][-1]["heldout_accuracy"]
     assert noisy != plain
     assert noisy > 0.6, (noisy, plain)  # 10 classes: chance is 0.1
 

@@ -4,6 +4,11 @@ Every ratio compares numbers measured in this same run on this machine, so a
 noisy machine moves both sides. Run ``python bench/accounting.py`` (``--quick``
 skips the slowest dp-accounting PLD cells of W2, which take up to a minute).
 
+W1 and W4 run twice, with numpy's default BLAS threads both times: on an idle machine, and
+under a background load that the script starts and stops itself (one busy-looping process
+per core, ``--load-procs`` to change), so that a speed that depended on BLAS threads or on an
+idle core would show. ``--load idle`` or ``--load busy`` runs one condition only.
+
 Workloads (delta = 1e-5 throughout):
   W1 Poisson-subsampled Gaussian z=1.1, q=0.01, T in {1e3, 1e4, 1e5}
   W2 non-subsampled Gaussian z in {0.5, 1, 2}, M in {1, 10, 100, 1000}
@@ -12,16 +17,21 @@ Workloads (delta = 1e-5 throughout):
   W5 per-client epsilon for 10^4 clients with heterogeneous dataset sizes
   W6 heterogeneous composition (mixed q and z across rounds, as the trainers produce)
 
-Targets: W1 privkit AUTO >= 5x faster than dp-accounting's PLD at equal or better tightness
-(epsilon ratio <= 1 + 1e-5) and within 2x of dp-accounting's RDP time; W4 <= 0.25 s.
+Targets, under both conditions: W1 privkit AUTO >= 5x faster than dp-accounting's PLD at
+equal or better tightness (epsilon ratio <= 1 + 1e-5) and within 2x of dp-accounting's RDP
+time; W4 <= 0.25 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,6 +43,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 import privkit
 from privkit import Method
+from privkit.accountants import accountant as privkit_accountant
 from privkit.accountants import pld as privkit_pld
 from privkit.accountants import pure as privkit_pure
 
@@ -48,6 +59,7 @@ def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
     for _ in range(repeat):
         privkit_pld._epsilon_cached.cache_clear()
         privkit_pure._CURVES.clear()
+        privkit_accountant.atom_rdp.cache_clear()
         t0 = time.perf_counter()
         out = fn()
         best = min(best, time.perf_counter() - t0)
@@ -97,8 +109,9 @@ def row(*cols: Any) -> None:
     print("  ".join(f"{c:>12}" if not isinstance(c, str) else f"{c:<12}" for c in cols))
 
 
-def w1() -> None:
-    print("\nW1  Poisson-subsampled Gaussian z=1.1 q=0.01 (privkit AUTO vs dp-accounting)")
+def w1(condition: str = "") -> None:
+    print(f"\nW1  Poisson-subsampled Gaussian z=1.1 q=0.01 (privkit AUTO vs dp-accounting)"
+          f"{condition}")
     row("T", "privkit", "dp PLD 1e-4", "dp RDP", "lower bnd", "eps ratio", "t privkit",
         "t dp PLD", "t dp RDP", "vs dp PLD", "vs dp RDP")
     extra = optional_baselines()
@@ -113,6 +126,9 @@ def w1() -> None:
             f"{r.epsilon / e_pld:.6f}", f"{tp * 1e3:.0f}ms", f"{td * 1e3:.0f}ms",
             f"{tr * 1e3:.0f}ms", f"{td / tp:.1f}x faster", f"{tp / tr:.2f}x its time "
             + ("OK" if tight and fast else "MISSED"))
+        SUMMARY.append(f"W1 T={t:<6}{condition}: {td / tp:5.1f}x faster than dp PLD, "
+                       f"{tp / tr:.2f}x dp RDP's time, eps ratio {r.epsilon / e_pld:.7f}  "
+                       + ("OK" if tight and fast else "MISSED"))
         for name, fn in extra.items():
             e, te = timed(lambda: fn(1.1, 0.01, t))
             row("", f"{name}: {e:.4f}", f"{te * 1e3:.0f}ms")
@@ -158,8 +174,8 @@ def w3() -> None:
           "for any eps0-DP step)")
 
 
-def w4() -> None:
-    print("\nW4  calibration: noise multiplier for target eps, q=0.01, T=1e4")
+def w4(condition: str = "") -> None:
+    print(f"\nW4  calibration: noise multiplier for target eps, q=0.01, T=1e4{condition}")
     row("target", "privkit z", "PLD check", "dp z", "dp check", "t privkit", "t dp",
         "speedup")
     for target in (1.0, 8.0):
@@ -180,6 +196,8 @@ def w4() -> None:
             "SLOW" if tp > 0.25 else "FAIL"
         row(target, f"{res.noise_multiplier:.5f}", f"{check:.5f}", f"{zd:.5f}", f"{dcheck:.5f}",
             f"{tp:.3f}s {ok}", f"{td:.3f}s", f"{td / tp:.1f}x")
+        SUMMARY.append(f"W4 eps={target:<4g}{condition}: {tp:.3f} s (target <= 0.25 s), "
+                       f"{td / tp:.1f}x faster than dp-accounting's calibration  {ok}")
 
 
 def w5() -> None:
@@ -225,14 +243,52 @@ def w6() -> None:
         f"{tp * 1e3:.0f}ms", f"{td * 1e3:.0f}ms ({td / tp:.1f}x)", f"{tr * 1e3:.0f}ms")
 
 
+SUMMARY: list[str] = []
+
+
+@contextlib.contextmanager
+def background_load(procs: int) -> Iterator[None]:
+    """``procs`` busy-looping processes for the duration (started and stopped here)."""
+    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(procs)]
+    try:
+        time.sleep(0.5)  # let them reach the scheduler
+        yield
+    finally:
+        for p in started:
+            p.kill()
+        for p in started:
+            p.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="skip minute-long dp-accounting cells")
     p.add_argument("--only", choices=["w1", "w2", "w3", "w4", "w5", "w6"], action="append")
+    p.add_argument("--load", choices=["both", "idle", "busy"], default="both",
+                   help="conditions for W1 and W4 (default: both)")
+    p.add_argument("--load-procs", type=int, default=os.cpu_count() or 1,
+                   help="busy-looping processes of the background load (default: one per core)")
     a = p.parse_args()
     todo = a.only or ["w1", "w2", "w3", "w4", "w5", "w6"]
+    blas = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    print(f"BLAS threads: {blas or 'numpy default (not limited)'}; {os.cpu_count()} cores")
+    idle = " [idle machine]"
+    busy = f" [background load: {a.load_procs} busy processes]"
     for name in todo:
-        {"w1": w1, "w2": lambda: w2(a.quick), "w3": w3, "w4": w4, "w5": w5, "w6": w6}[name]()
+        if name in ("w1", "w4"):
+            fn = w1 if name == "w1" else w4
+            if a.load in ("both", "idle"):
+                fn(idle)
+            if a.load in ("both", "busy"):
+                with background_load(a.load_procs):
+                    fn(busy)
+        else:
+            {"w2": lambda: w2(a.quick), "w3": w3, "w5": w5, "w6": w6}[name]()
+    if SUMMARY:
+        print("\nSummary (ratios measured in the same condition):")
+        for line in SUMMARY:
+            print("  " + line)
 
 
 if __name__ == "__main__":

@@ -75,12 +75,13 @@ class _Composed:
 _FULL_SUPPORT = 1 << 16
 
 
-def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
-             extended: bool = False) -> _Composed:
-    """The composition of ``n`` copies of each PMF by one FFT (module doc, step 2);
-    ``extended`` does the FFT in extended precision (numpy's longdouble through scipy.fft),
-    for tiny deltas. The Chernoff bounds use MGFs lumped in runs of grid points
-    (:meth:`_Pmf.log_mgf`) that move the bounds by at most one standard deviation of the sum."""
+def _window(pmfs: list[tuple[_Pmf, int]], h: float,
+            tail: float) -> tuple[int, int, int, float]:
+    """(k_lo, k_a, k_b, wrap): the lowest grid index of the composed support, the window
+    [k_a, k_b] that holds it but for Chernoff-bounded tails, and the bound on the mass above
+    the window (to be added to delta). The Chernoff bounds use MGFs lumped in runs of grid
+    points (:meth:`_Pmf.log_mgf`) that move the bounds by at most one standard deviation of
+    the sum."""
     count = sum(n for _, n in pmfs)
     sd = math.sqrt(sum(n * _moments(p, h)[1] for p, n in pmfs))
     group = max(1, int(sd / (count * h)))
@@ -96,24 +97,26 @@ def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
         k_b = min(k_hi, max(math.ceil(b / h) + 1, k_a + 1))
         if k_b < k_hi:
             wrap = _upper_tail(pmfs, h, (k_b + 1) * h, group)
-    n = _fast_len(k_b - k_a + 1)
-    if n > MAX_POINTS:
-        raise _TooFine(n)
+    return k_lo, k_a, k_b, wrap
+
+
+def _fft(extended: bool) -> tuple[Any, Any]:
     if extended:
         from scipy import fft as fft_mod
 
-        real: Any = np.longdouble
-    else:
-        fft_mod, real = np.fft, np.float64
-    spec = None
-    log_fin = log_all = 0.0
-    for p, cnt in pmfs:
-        fin = float(p.masses.sum())
-        arr = np.bincount(np.arange(p.masses.size) % n, weights=p.masses, minlength=n)
-        f = _power(fft_mod.rfft(arr.astype(real)), cnt)
-        spec = f if spec is None else spec * f
-        log_fin += cnt * math.log(fin) if fin > 0 else -math.inf
-        log_all += cnt * math.log(fin + p.inf_mass)
+        return fft_mod, np.longdouble
+    return np.fft, np.float64
+
+
+def _spectrum(p: _Pmf, n: int, fft_mod: Any, real: Any) -> np.ndarray:
+    """rfft of the PMF's finite masses wrapped onto n points (index i at i mod n)."""
+    arr = np.bincount(np.arange(p.masses.size) % n, weights=p.masses, minlength=n)
+    return fft_mod.rfft(arr.astype(real))
+
+
+def _finish(spec: np.ndarray, n: int, k_lo: int, k_a: int, wrap: float, h: float,
+            log_fin: float, log_all: float, fft_mod: Any) -> _Composed:
+    """The composed PMF from the product spectrum, its window starting at k_a."""
     c = np.asarray(fft_mod.irfft(spec, n), dtype=np.float64)
     np.maximum(c, 0.0, out=c)  # rounding can leave tiny negatives: raising them is pessimistic
     c = np.roll(c, (k_lo - k_a) % n)
@@ -124,33 +127,97 @@ def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
     return _Composed(k_a, h, c, min(1.0, inf_mass), wrap)
 
 
+def _compose(pmfs: list[tuple[_Pmf, int]], h: float, tail: float,
+             extended: bool = False) -> _Composed:
+    """The composition of ``n`` copies of each PMF by one FFT (module doc, step 2);
+    ``extended`` does the FFT in extended precision (numpy's longdouble through scipy.fft),
+    for tiny deltas."""
+    k_lo, k_a, k_b, wrap = _window(pmfs, h, tail)
+    n = _fast_len(k_b - k_a + 1)
+    if n > MAX_POINTS:
+        raise _TooFine(n)
+    fft_mod, real = _fft(extended)
+    spec = None
+    log_fin = log_all = 0.0
+    for p, cnt in pmfs:
+        fin = float(p.masses.sum())
+        f = _power(_spectrum(p, n, fft_mod, real), cnt)
+        spec = f if spec is None else spec * f
+        log_fin += cnt * math.log(fin) if fin > 0 else -math.inf
+        log_all += cnt * math.log(fin + p.inf_mass)
+    assert spec is not None
+    return _finish(spec, n, k_lo, k_a, wrap, h, log_fin, log_all, fft_mod)
+
+
+def _compose_counts(p: _Pmf, counts: list[int], h: float, tail: float,
+                    extended: bool = False) -> list[_Composed]:
+    """``[_compose([(p, c)], ...) for c in counts]``, sharing one FFT of ``p`` and one chain
+    of squarings: every composition gets the window of the widest (a wider window only
+    leaves less to wrap; each keeps its own Chernoff bound on the mass above its own)."""
+    windows = [_window([(p, c)], h, tail) for c in counts]
+    n = _fast_len(max(k_b - k_a + 1 for _, k_a, k_b, _ in windows))
+    if n > MAX_POINTS:
+        raise _TooFine(n)
+    fft_mod, real = _fft(extended)
+    fin = float(p.masses.sum())
+    spectra = _powers(_spectrum(p, n, fft_mod, real), counts)
+    out = []
+    for c, spec, (k_lo, k_a, _, wrap) in zip(counts, spectra, windows, strict=True):
+        log_fin = c * math.log(fin) if fin > 0 else -math.inf
+        out.append(_finish(spec, n, k_lo, k_a, wrap, h, log_fin,
+                           c * math.log(fin + p.inf_mass), fft_mod))
+    return out
+
+
 def _power(x: np.ndarray, n: int) -> np.ndarray:
     """x ** n elementwise by repeated squaring (numpy's complex power is many times slower
     for some exponents; the rounding error is of the same order)."""
-    out = None
+    return _powers(x, [n])[0]
+
+
+def _powers(x: np.ndarray, counts: list[int]) -> list[np.ndarray]:
+    """[x ** n for n in counts] (each n >= 1) from one chain of squarings, each power
+    multiplied up in the order :func:`_power` always used (low bits first)."""
+    outs: list[np.ndarray | None] = [None] * len(counts)
     base = x
-    while n:
-        if n & 1:
-            out = base.copy() if out is None else out * base
-        n >>= 1
-        if n:
-            base = base * base
-    assert out is not None
-    return out
+    bit, top = 1, max(counts)
+    while True:
+        for i, n in enumerate(counts):
+            if n & bit:
+                o = outs[i]
+                outs[i] = base.copy() if o is None else o * base
+        bit <<= 1
+        if bit > top:
+            break
+        base = base * base
+    assert all(o is not None for o in outs)
+    return outs  # type: ignore[return-value]
 
 
 def _as_pmf(comp: _Composed, h: float) -> _Pmf:
     """Re-discretise a composed PMF onto the coarser grid ``h`` (connect-the-dots split of each
     point, as in step 1); the wrap bound joins the +inf mass (the wrapped copy stays, extra
-    mass), so the result dominates the composition."""
-    ell = (comp.k_a + np.arange(comp.pmf.size)) * comp.h
+    mass), so the result dominates the composition. The fine points are in increasing order,
+    so each coarse cell's share is a sum over a run of them (np.add.reduceat)."""
+    ell = np.arange(comp.k_a, comp.k_a + comp.pmf.size, dtype=np.float64)
+    ell *= comp.h
     j = np.floor(ell / h).astype(np.int64)
     j -= (j * h > ell)
-    a = np.clip(np.expm1((j + 1) * h - ell) / math.expm1(h), 0.0, 1.0)
-    j0 = int(j.min())
-    size = int(j.max()) - j0 + 2
-    masses = np.bincount(j - j0, weights=comp.pmf * a, minlength=size)
-    masses += np.bincount(j - j0 + 1, weights=comp.pmf * (1 - a), minlength=size)
+    a = (j + 1) * h
+    a -= ell
+    a = np.expm1(a, out=a)
+    a /= math.expm1(h)
+    np.clip(a, 0.0, 1.0, out=a)
+    j0 = int(j[0])
+    size = int(j[-1]) - j0 + 2
+    starts = np.flatnonzero(np.diff(j)) + 1
+    starts = np.concatenate([[0], starts])
+    cells = j[starts] - j0
+    low = comp.pmf * a
+    up = comp.pmf * (1 - a)
+    masses = np.zeros(size)
+    masses[cells] += np.add.reduceat(low, starts)
+    masses[cells + 1] += np.add.reduceat(up, starts)
     nz = np.nonzero(masses)[0]
     if nz.size == 0:
         return _Pmf(j0, np.zeros(1), min(1.0, comp.inf_mass + comp.wrap_bound))

@@ -283,6 +283,116 @@ def _gaussian_pmf(pair: _Pair, h: float, budget: float) -> _Pmf:
     return _Pmf(k_lo, masses, min(1.0, inf_mass))
 
 
+def _gaussian_pmf_pair(z: float, q: float, h: float, budget: float) -> tuple[_Pmf, _Pmf]:
+    """The ``remove`` and ``add`` PMFs of a Poisson-subsampled Gaussian (q < 1) from one
+    quadrature: the add pair is the remove pair swapped, so the add direction's loss at x is
+    minus the remove direction's and its P is the remove direction's Q = N(0, z^2). The cells
+    (where the remove loss crosses grid points) are the add direction's cells mirrored, and
+    the pieces are short enough for both densities (each piece's exponent changes by at most
+    1/256 for the nearest component and for N(0)). The same connect-the-dots split as
+    :func:`_gaussian_pmf`; the tails of N(0) beyond the remove range go to +inf (below) and up
+    to the add PMF's lowest grid point (above), each at most ``budget``."""
+    pair = _Pair("remove", z, q)
+    x_lo, x_hi = pair.x_range(budget)
+    ell_lo, ell_hi = (float(v) for v in pair.loss(np.array([x_lo, x_hi])))
+    if not (abs(ell_lo) < _MAX_LOSS and abs(ell_hi) < _MAX_LOSS):
+        raise UnsupportedEventError(
+            f"privkit's PLD: a single step's privacy loss reaches "
+            f"{max(abs(ell_lo), abs(ell_hi)):.3g}"
+            " nats (noise multiplier too small for a discretised PLD)")
+    k_lo = math.floor(ell_lo / h)
+    k_hi = max(math.ceil(ell_hi / h), k_lo + 1)
+    if k_hi - k_lo > MAX_CELLS:
+        raise _TooFine(int((k_hi - k_lo) * MAX_POINTS / MAX_CELLS))
+    ks = np.arange(k_lo, k_hi + 1)
+    grid = ks * h
+    xs = np.clip(pair.x_of_loss(grid), x_lo, x_hi)
+    xs[0], xs[-1] = x_lo, x_hi
+    low_r, tot_r, low_a, tot_a = _split_both(grid[:-1], grid[1:], h, xs[:-1], xs[1:], pair)
+    rem = np.zeros(ks.size)
+    rem[:-1] += low_r
+    rem[1:] += tot_r - low_r
+    rem[0] += pair.tail_below(x_lo)
+    rem *= 1 + _QUAD_RTOL
+    # add: grid point -k at index k_hi - k (reversed); remove cell [k, k+1] is add cell
+    # [-(k+1), -k], whose lower point gets low_a
+    add = np.zeros(ks.size)
+    add[:-1] += low_a[::-1]
+    add[1:] += (tot_a - low_a)[::-1]
+    from scipy.special import ndtr
+
+    add[0] += float(ndtr(-x_hi / z))  # N(0) above the range: losses below the lowest point
+    add *= 1 + _QUAD_RTOL
+    return (_Pmf(k_lo, rem, min(1.0, pair.tail_above(x_hi))),
+            _Pmf(-k_hi, add, min(1.0, float(ndtr(x_lo / z)))))
+
+
+def _split_both(ell_lo: np.ndarray, ell_hi: np.ndarray, h: float, x_a: np.ndarray,
+                x_b: np.ndarray, pair: _Pair
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_split` for the remove pair and, on the same nodes, for its swap (module doc of
+    :func:`_gaussian_pmf_pair`): per cell, (remove lower, remove total, add lower, add
+    total), the add lower being the mass sent to the add cell's lower point -ell_hi."""
+    width = x_b - x_a
+    z = pair.z
+    dist = np.maximum(np.abs(x_a), np.abs(x_b))  # to N(0)'s mean, 0
+    for m in pair.means:
+        if m != 0.0:
+            dist = np.minimum(dist, np.maximum(np.abs(x_a - m), np.abs(x_b - m)))
+    # remove's criterion (the nearest component) and N(0)'s (its own mean)
+    near0 = np.maximum(np.abs(x_a), np.abs(x_b))
+    piece = np.minimum(_PIECE * z, _PIECE * z * z / np.maximum(np.maximum(dist, near0),
+                                                               1e-300))
+    pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
+    cell: np.ndarray | None = None
+    if width.size and int(pieces.max()) == 1:
+        left, half, top, bot = x_a, 0.5 * width, ell_hi, ell_lo
+    else:
+        cell = np.repeat(np.arange(width.size), pieces)
+        first = np.cumsum(pieces) - pieces
+        j = np.arange(cell.size) - first[cell]
+        step = width[cell] / pieces[cell]
+        left = x_a[cell] + j * step
+        half = 0.5 * step
+        top, bot = ell_hi[cell], ell_lo[cell]
+    mid = left + half
+    n = mid.size
+    xs = np.empty(2 * n)
+    np.add(mid, half * _GL_NODES[0], out=xs[:n])
+    np.add(mid, half * _GL_NODES[1], out=xs[n:])
+    norm = -math.log(z * math.sqrt(2 * math.pi))
+    scale = math.expm1(h)
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+        base = xs / z
+        base *= base
+        base *= -0.5
+        base += norm
+        ell = pair.loss(xs)
+        dens_r = np.exp(base + ell)  # the mixture's density
+        dens_a = np.exp(base, out=base)  # N(0)'s
+        for d in (dens_r, dens_a):
+            d[:n] *= half * _GL_WEIGHTS[0]
+            d[n:] *= half * _GL_WEIGHTS[1]
+        tops, bots = np.concatenate([top, top]), np.concatenate([bot, bot])
+        a_r = np.expm1(tops - ell) / scale
+        a_a = np.expm1(ell - bots) / scale
+    out = []
+    for a, d in ((a_r, dens_r), (a_a, dens_a)):
+        a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0, copy=False), 0.0, 1.0, out=a)
+        a *= d
+        lower, total = a[:n] + a[n:], d[:n] + d[n:]
+        if cell is not None:
+            lower = np.bincount(cell, weights=lower, minlength=width.size)
+            total = np.bincount(cell, weights=total, minlength=width.size)
+        out += [lower, total]
+    return out[0], out[1], out[2], out[3]
+
+
+#: The last few pairs of one-step PMFs (remove, add), by (z, q, h, budget): the two
+#: directions of one composition are priced one after the other.
+_PAIRS: dict[tuple[float, float, float, float], tuple[_Pmf, _Pmf]] = {}
+
+
 def _rr_pmf(eps0: float, h: float) -> _Pmf:
     """Connect-the-dots PMF of randomized response RR(eps0) (both directions alike)."""
     p = 1.0 / (1.0 + math.exp(-eps0))
@@ -316,6 +426,14 @@ def _pmfs(atoms: list[tuple[Any, int]], direction: str, h: float,
     for atom, n in atoms:
         if isinstance(atom, PureAtom):
             out.append((_rr_pmf(atom.epsilon, h), n))
+        elif direction in ("remove", "add") and atom.sampling_probability < 1:
+            key = (atom.noise_multiplier, atom.sampling_probability, h, budget / n)
+            both = _PAIRS.get(key)
+            if both is None:
+                if len(_PAIRS) >= 8:
+                    _PAIRS.clear()
+                both = _PAIRS[key] = _gaussian_pmf_pair(*key)
+            out.append((both[0] if direction == "remove" else both[1], n))
         else:
             pair = _Pair(direction, atom.noise_multiplier, atom.sampling_probability)
             out.append((_gaussian_pmf(pair, h, budget / n), n))

@@ -208,11 +208,13 @@ def _calibrate_fft(
     guess, then Illinois; the answer is the evaluated safe end."""
     grids: dict[float, float] = {}
 
-    def eps_of(x: float) -> float:
+    def eps_of(x: float, above: float | None = None) -> float:
+        """AUTO's PLD epsilon at x; with ``above``, possibly only a value in (above, eps]."""
         atoms = _fft_atoms(flatten(make_event(x)))
         if atoms is None:
             raise UnsupportedEventError("privkit's PLD does not price this event")
-        e, grids[x] = fftpld.epsilon(atoms, d, rel.name)  # exactly what AUTO computes
+        # exactly what AUTO computes
+        e, grids[x], _ = fftpld.epsilon_above(atoms, d, rel.name, above)
         return e
 
     x0 = guess * 1.02
@@ -270,19 +272,28 @@ def _calibrate_auto_pld(
 
 
 def _secant_bracket(
-    eps_of: Callable[[float], float], target: float, tol: float, x: float,
+    eps_of: Callable[..., float], target: float, tol: float, x: float,
     slope: float = -1.2, max_steps: int = 12,
 ) -> tuple[float, float]:
     """The smallest x (to relative ``tol``) with eps_of(x) <= target, eps decreasing in x, from
     a point ``x`` near the root: secant steps on (log x, log eps) aimed a quarter of ``tol``
     to alternate sides of the root, so that two well-aimed steps close the bracket. Falls back
-    to :func:`_solve_noise` if the secant misbehaves. Returns the evaluated safe end."""
+    to :func:`_solve_noise` if the secant misbehaves. Returns the evaluated safe end.
+    ``eps_of(x, above)`` may return any value in (above, eps(x)] when eps(x) > above."""
     lt = math.log(target)
     lo = hi = e_hi = None
     last: tuple[float, float] | None = None
     want_safe = True
     for _ in range(max_steps):
-        e = eps_of(x)
+        if hi is not None and x < hi and hi / x - 1 <= tol:
+            # x closes the bracket if it is over the target, and then its epsilon is not
+            # used: the evaluation may stop as soon as that is known
+            e = eps_of(x, target)
+            if e > target:
+                assert e_hi is not None
+                return hi, e_hi
+        else:
+            e = eps_of(x)
         if not (0 < e < math.inf):
             break
         if e <= target:

@@ -48,6 +48,7 @@ from typing import Any
 from privkit.accountants._pld_compose import (
     _as_pmf,
     _compose,
+    _compose_counts,
     _Composed,
     _epsilon_of,
     _hockey,
@@ -73,6 +74,7 @@ __all__ = [
     "WindowTooLarge",
     "curve",
     "epsilon",
+    "epsilon_above",
     "delta",
     "estimate",
     "plan",
@@ -196,10 +198,11 @@ def _composed(atoms: list[tuple[Any, int]], direction: str, p: _Plan, prec: _Pre
     for (one, n) in _pmfs(atoms, direction, p.fine, budget):
         size = min(p.block, n)
         full, rest = divmod(n, size)
-        for cnt, times in ((size, full), (rest, 1)):
-            if cnt and times:
-                comp = _compose([(one, cnt)], p.fine, tail / nblocks, prec.stage1)
-                blocks.append((_as_pmf(comp, p.coarse), times))
+        parts = [(cnt, times) for cnt, times in ((size, full), (rest, 1)) if cnt and times]
+        comps = _compose_counts(one, [cnt for cnt, _ in parts], p.fine, tail / nblocks,
+                                prec.stage1)
+        for comp, (_, times) in zip(comps, parts, strict=True):
+            blocks.append((_as_pmf(comp, p.coarse), times))
     return _compose(blocks, p.coarse, tail, extended=prec.stage2)
 
 
@@ -278,33 +281,57 @@ def epsilon(atoms: list[tuple[Any, int]], target_delta: float, relation: str,
         UnsupportedEventError: the floating-point allowance leaves no room below
             ``target_delta``, or a step's loss is too large for a grid.
     """
-    if eps_estimate is None:
-        eps_estimate = estimate(atoms, target_delta)
-    budget = _TAIL_SHARE * target_delta
-    out, h = _epsilon_at(atoms, target_delta, relation, plan(atoms, eps_estimate, target_delta),
-                         budget)
-    if 0 < out < 0.5 * eps_estimate:
-        # The estimate was far too high, so the grid was coarser than the target needs:
-        # once more on the grid planned for the answer (any grid gives an upper bound).
-        again, h2 = _epsilon_at(atoms, target_delta, relation,
-                                plan(atoms, 1.1 * out, target_delta), budget)
-        if again < out:
-            out, h = again, h2
+    out, h, _ = epsilon_above(atoms, target_delta, relation, None, eps_estimate)
     return out, h
 
 
+def epsilon_above(atoms: list[tuple[Any, int]], target_delta: float, relation: str,
+                  bound: float | None, eps_estimate: float | None = None
+                  ) -> tuple[float, float, bool]:
+    """As :func:`epsilon`, but it may stop early once the answer is known to exceed
+    ``bound``: ``(epsilon, interval, True)``, or ``(e, interval, False)`` with ``bound < e <=
+    epsilon`` (one direction's epsilon, when the other was not priced). A calibration that
+    only needs to know that a point is over its target saves half the work."""
+    if eps_estimate is None:
+        eps_estimate = estimate(atoms, target_delta)
+    budget = _TAIL_SHARE * target_delta
+    out, h, whole = _epsilon_at(atoms, target_delta, relation,
+                                plan(atoms, eps_estimate, target_delta), budget, bound)
+    if 0 < out < 0.5 * eps_estimate:
+        # The estimate was far too high, so the grid was coarser than the target needs:
+        # once more on the grid planned for the answer (any grid gives an upper bound).
+        again, h2, _ = _epsilon_at(atoms, target_delta, relation,
+                                   plan(atoms, 1.1 * out, target_delta), budget, None)
+        if not whole:  # the first answer was one direction's only
+            out, h, whole = _epsilon_at(atoms, target_delta, relation,
+                                        plan(atoms, eps_estimate, target_delta), budget, None)
+        if again < out:
+            out, h = again, h2
+    return out, h, whole
+
+
 def _epsilon_at(atoms: list[tuple[Any, int]], target_delta: float, relation: str, p: _Plan,
-                budget: float) -> tuple[float, float]:
-    comps, slack = _priced(atoms, relation, p, target_delta, budget, budget)
-    room = target_delta - slack
-    if not room > 0.5 * target_delta:
-        raise UnsupportedEventError(
-            f"privkit's PLD: delta {target_delta:g} is below twice its floating-point allowance "
-            f"over {_steps(atoms)} steps")
-    out = 0.0
-    for comp in comps:
-        out = max(out, _epsilon_of(comp, room - comp.wrap_bound))
-    return out, comps[0].h
+                budget: float, bound: float | None = None) -> tuple[float, float, bool]:
+    """(epsilon, coarse interval, whole): the directions are priced one by one (the first
+    usually the larger), stopping once one exceeds ``bound`` (whole False)."""
+    while True:
+        prec = _precision(atoms, p, target_delta)
+        room = target_delta - prec.slack
+        if not room > 0.5 * target_delta:
+            raise UnsupportedEventError(
+                f"privkit's PLD: delta {target_delta:g} is below twice its floating-point "
+                f"allowance over {_steps(atoms)} steps")
+        out, h = 0.0, p.coarse
+        try:
+            for d in _directions(atoms, relation):
+                comp = _composed(atoms, d, p, prec, budget, budget)
+                out, h = max(out, _epsilon_of(comp, room - comp.wrap_bound)), comp.h
+                if bound is not None and out > bound:
+                    return out, h, False
+            return out, h, True
+        except _TooFine as exc:
+            grow = 1.05 * exc.n / MAX_POINTS
+            p = _Plan(p.fine * grow, p.coarse * grow, p.block)
 
 
 def delta(atoms: list[tuple[Any, int]], eps: float, relation: str, eps_estimate: float,

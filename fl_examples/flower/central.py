@@ -37,12 +37,17 @@ client data; the synthetic reply carries only its weight), and evaluation
 (``configure_evaluate`` / ``aggregate_evaluate`` pass through to the inner strategy) is not
 private. Strategies whose aggregate of a single reply is not that reply (Krum, Bulyan,
 trimmed means that need several replies, FedXgb) do not fit this design. The guarantee
-assumes a trusted aggregator or secure aggregation (the server sees only the noisy sum:
+assumes a **trusted aggregator** (the server sees the clipped updates, adds the noise itself
+and releases only the noisy sum; secure aggregation alone would show it the exact sum:
 :data:`privkit.mechanisms.aggregate.TRUST_ASSUMPTION`) and Poisson sampling whose outcome
-stays secret; the wrapper logs the number of sampled nodes for the operator but never puts it
-in the round metrics (an inner privkit strategy's ``privkit-clients``, which would count the
-one synthetic reply, is dropped). Flower's ``Strategy.start`` has no early exit, so after a
-budget stop the remaining rounds run without training.
+stays secret from everyone but the server: against the server, which drew the sample, a
+client that took part in k rounds has the unamplified epsilon
+(:meth:`ClientLevelDP.epsilon_unamplified`). Nothing the wrapper logs at INFO or puts in the
+round metrics depends on who was sampled (an inner privkit strategy's ``privkit-clients``,
+which would count the one synthetic reply, is dropped); which nodes were sampled, and which
+replies counted as zero, are logged at DEBUG only, the trusted server's own records.
+Flower's ``Strategy.start`` has no early exit, so after a budget stop the remaining rounds
+run without training.
 
 Round metrics (``train_metrics_clientapp`` of Flower's ``Result``): ``privkit-epsilon`` (the
 population's epsilon after the round at ``privkit-delta``), ``privkit-delta``,
@@ -55,7 +60,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -71,7 +76,11 @@ from privkit import _validate
 from privkit._rng import SecureRandom
 from privkit.errors import BudgetExceededError, InvalidParameterError
 from privkit.ledger import Ledger
-from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, ClientLevelGaussian
+from privkit.mechanisms.aggregate import (
+    TRUST_ASSUMPTION,
+    ClientLevelGaussian,
+    unamplified_event,
+)
 
 __all__ = ["ClientLevelDP", "POPULATION", "DEFAULT_DELTA"]
 
@@ -190,6 +199,18 @@ class ClientLevelDP(Strategy):
         """The population's epsilon so far, at the ledger's delta."""
         return float(self.ledger.epsilons([POPULATION])[POPULATION])
 
+    def epsilon_unamplified(self, rounds: int) -> float:
+        """The epsilon of a client that took part in ``rounds`` rounds, without amplification:
+        what holds against the server, which knows the sample."""
+        if rounds == 0:
+            return 0.0
+        return float(privkit.epsilon(unamplified_event(self.mechanism.noise_multiplier, rounds),
+                                     self.ledger.delta).epsilon)
+
+    def charged_rounds(self) -> int:
+        """Training rounds charged on the ledger so far."""
+        return int(sum(n for _, n in self.ledger.composition(POPULATION).atoms))
+
     def _epsilon_after(self, event: Any) -> float:
         """The population's epsilon if ``event`` were charged once more (nothing changes)."""
         atoms = [privkit.SelfComposedDpEvent(a, n)
@@ -272,9 +293,11 @@ class ClientLevelDP(Strategy):
             self._stop(server_round, str(exc))
             return []
         self._round = _Round(server_round, arrays, frozenset(sampled), messages[0])
-        log(INFO, "ClientLevelDP: round %d, %d of %d nodes sampled (q=%g), epsilon %.4g at "
-            "delta %g", server_round, len(sampled), len(nodes), self.client_rate,
-            self.epsilon(), self.ledger.delta)
+        # the sample is secret: INFO says nothing about it (DEBUG: the server's own record)
+        log(INFO, "ClientLevelDP: round %d charged (q=%g of %d nodes), epsilon %.4g at "
+            "delta %g", server_round, self.client_rate, len(nodes), self.epsilon(),
+            self.ledger.delta)
+        log(DEBUG, "ClientLevelDP: round %d sampled nodes %s", server_round, sorted(sampled))
         return [by_node[nid] for nid in sampled]
 
     def _updates(self, replies: list[Message], sent: _Round) -> dict[str, np.ndarray]:
@@ -286,11 +309,11 @@ class ClientLevelDP(Strategy):
         for msg in replies:
             src = msg.metadata.src_node_id
             if msg.has_error():
-                log(INFO, "ClientLevelDP: node %d replied with an error: %s", src,
+                log(DEBUG, "ClientLevelDP: node %d replied with an error: %s", src,
                     msg.error.reason)
                 continue
             if src not in sent.sampled or src in seen:
-                log(WARNING, "ClientLevelDP: ignoring a reply from node %d (not sampled, or "
+                log(DEBUG, "ClientLevelDP: ignoring a reply from node %d (not sampled, or "
                     "a second reply)", src)
                 continue
             seen.add(src)
@@ -303,15 +326,15 @@ class ClientLevelDP(Strategy):
                                                 f"one ArrayRecord ({name!r})")
                 got = keys.from_record(record)
             except InvalidParameterError as exc:
-                log(WARNING, "ClientLevelDP: node %d's reply counts as zero: %s", src, exc)
+                log(DEBUG, "ClientLevelDP: node %d's reply counts as zero: %s", src, exc)
                 continue
             if list(got) != list(glob) or any(got[k].shape != glob[k].shape for k in glob):
-                log(WARNING, "ClientLevelDP: node %d's arrays differ from the global model's; "
+                log(DEBUG, "ClientLevelDP: node %d's arrays differ from the global model's; "
                     "its update counts as zero", src)
                 continue
             row = {k: got[k].astype(np.float64) - glob[k].astype(np.float64) for k in glob}
             if not all(np.isfinite(v).all() for v in row.values()):
-                log(WARNING, "ClientLevelDP: node %d's update is not finite; it counts as "
+                log(DEBUG, "ClientLevelDP: node %d's update is not finite; it counts as "
                     "zero", src)
                 continue
             rows.append(row)

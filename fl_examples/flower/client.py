@@ -51,9 +51,10 @@ def load_federated(spec: str, seed: int, num_clients: int | None = None) -> Fede
     if not 1 <= k <= ds.num_clients:
         raise InvalidParameterError("num_clients", num_clients,
                                     f"in [1, {ds.num_clients}] for {spec!r}")
+    # the held-out set stays (no client of the smaller population holds it either)
     return FederatedDataset(ds.client_ids[:k], ds.x_train[:k], ds.y_train[:k], ds.x_test[:k],
                             ds.y_test[:k], ds.num_features, ds.num_classes,
-                            ds.description | {"first_clients": k})
+                            ds.description | {"first_clients": k}, ds.x_heldout, ds.y_heldout)
 
 
 @functools.lru_cache(maxsize=4)

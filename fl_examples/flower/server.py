@@ -35,18 +35,19 @@ def initial_arrays(model: Any, seed: int) -> ArrayRecord:
 
 def central_evaluate_fn(model: Any, ds: FederatedDataset
                         ) -> Callable[[int, ArrayRecord], MetricRecord]:
-    """``evaluate_fn`` for ``Strategy.start``: the global model on a test set the server holds.
+    """``evaluate_fn`` for ``Strategy.start``: the global model on the held-out set the server
+    holds.
 
-    The test set is the union of ``ds``'s test splits (no client trains on them), so the
-    accuracy equals federated evaluation on every client weighted by its test size, without a
-    message to any client: evaluation then releases nothing computed on client data. The
-    metrics are ``loss``, ``accuracy`` and ``num-examples``.
+    The held-out set (:attr:`~fl_examples.core.dataset.FederatedDataset.x_heldout`) is public
+    data that no client holds (for digits, the rows held back from every client's share), so
+    evaluation needs no message to any client and releases nothing computed on client data.
+    The metrics are ``loss``, ``accuracy`` and ``num-examples``.
     """
-    data = to_client_data(ds.padded(Split.TEST), torch.device("cpu"), torch.float32)
+    if not ds.has_heldout:
+        raise InvalidParameterError("ds", ds.description.get("recipe"), "a data set with a "
+                                    "public held-out set for the server to evaluate on")
+    data = to_client_data(ds.heldout_padded(), torch.device("cpu"), torch.float32)
     n = int(data.sizes.sum())
-    if n == 0:
-        raise InvalidParameterError("ds", "no test records", "a data set with test records "
-                                    "for the server to evaluate on")
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         loss, acc = evaluate(model, keys.to_torch(arrays), data)

@@ -16,8 +16,8 @@
 
 ``evaluation``:
 
-- ``server`` (default): the server evaluates each round's global model on a test set it holds
-  (here the union of the clients' test splits, which no client trains on; in a real
+- ``server`` (default): the server evaluates each round's global model on the data set's
+  public held-out set (for digits, the rows held back from every client's share; in a real
   deployment the server's own held-out data). No client is asked anything, so evaluation
   releases nothing computed on client data and costs no messages.
 - ``clients``: federated evaluation, each client on its test split (``fraction-evaluate`` of
@@ -34,6 +34,7 @@ privacy on the same nodes, and the last log line puts both final accuracies side
 from __future__ import annotations
 
 import json
+import math
 import time
 from logging import INFO
 from pathlib import Path
@@ -58,7 +59,7 @@ from fl_examples.flower.client import make_model
 from fl_examples.flower.server import result_summary
 from privkit.errors import InvalidParameterError
 from privkit.ledger import Ledger
-from privkit.mechanisms.aggregate import ClientLevelGaussian
+from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, ClientLevelGaussian
 
 PRIVACY = ("none", "client", "output", "objective", "rec")
 EVALUATION = ("server", "clients")
@@ -191,13 +192,30 @@ def run_summary(result: Result, strategy: Strategy, seconds: float) -> dict[str,
     out["seconds"] = seconds
     if isinstance(strategy, ClientLevelDP):
         m = strategy.mechanism
-        out["privacy"] = {"mechanism": "client-level DP-FedAvg (ClientLevelDP)",
-                          "privacy_unit": "client", "epsilon": strategy.epsilon(),
-                          "delta": float(strategy.ledger.delta),
-                          "noise_multiplier": float(m.noise_multiplier),
-                          "l2_clip_norm": float(m.l2_clip_norm),
-                          "client_rate": strategy.client_rate,
-                          "num_clients": strategy.num_clients}
+        rounds = strategy.charged_rounds()
+        k = max(1, math.ceil(strategy.client_rate * rounds)) if rounds else 0
+        out["privacy"] = {
+            "mechanism": "client-level DP-FedAvg (ClientLevelDP)", "privacy_unit": "client",
+            "epsilon": strategy.epsilon(), "delta": float(strategy.ledger.delta),
+            "neighboring_relation": "add_or_remove_one client",
+            "epsilon_unamplified": {
+                "expected_participations": k,
+                "epsilon_at_expected": strategy.epsilon_unamplified(k),
+                "note": "against the server, which knows the sample: a client in k rounds, "
+                        "no amplification"},
+            "noise_multiplier": float(m.noise_multiplier), "l2_clip_norm": float(m.l2_clip_norm),
+            "client_rate": strategy.client_rate, "num_clients": strategy.num_clients,
+            "trust": TRUST_ASSUMPTION,
+            "randomness": {"source": "os_csprng" if strategy.seed is None else "seed",
+                           "note": "client sampling and noise from privkit's SecureRandom"
+                           if strategy.seed is None else "seeded: a simulation"},
+            "public": [f"N = {strategy.num_clients}", f"q = {strategy.client_rate:g} and the "
+                       f"divisor q N = {strategy.expected_clients:g}", "the number of rounds"],
+            "evaluation": out["evaluation"] + (": the held-out set, no client's data" if
+                                               out["evaluation"] == "server" else ""),
+            "not_covered": [{"field": "seconds", "reason": "wall-clock time"}] + (
+                [{"field": "evaluate_metrics", "reason": "federated evaluation on the "
+                  "clients' own test data"}] if out["evaluation"] == "clients" else [])}
         if strategy.stopped is not None:
             out["stopped"] = strategy.stopped
     return out

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.data import FederatedDataset
 from fl_examples.core.rounds import evaluate, to_client_data
 from fl_examples.core.seeds import SeedTree
 from fl_examples.flower import records as keys

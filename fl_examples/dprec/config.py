@@ -142,6 +142,10 @@ class DPRecConfig:
             raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
         if self.epsilon is not None:
             _validate.positive("epsilon", self.epsilon)
+            if self.epsilon_budget is not None and self.epsilon > self.epsilon_budget:
+                raise InvalidParameterError(
+                    "epsilon", self.epsilon, f"<= --epsilon-budget {self.epsilon_budget:g} "
+                    "(calibrated above the budget, the run would stop before training)")
         if self.dpfedavg_noise is not None:
             _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
         if self.relation is not None and self.relation not in RELATIONS:

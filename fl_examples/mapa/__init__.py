@@ -174,6 +174,9 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
                                  "median": float(np.median(schedule.speeds)),
                                  "max": float(schedule.speeds.max())}},
     }
+    if cfg.noise == "gaussian":  # the z each private algorithm used (given or calibrated)
+        config["noise_multiplier"] = {n: r["privacy"]["noise_multiplier"]
+                                      for n, r in public.items() if "privacy" in r}
     comparison = _comparison(cfg, public)
     if out_path is not None:
         write_report(out_path, config, public, sections={"comparison": comparison})

@@ -219,6 +219,12 @@ class MapaConfig:
             _validate.positive("noise_multiplier", self.noise_multiplier)
         if self.noise_for_epsilon is not None:
             _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
+            if self.epsilon_budget is not None and \
+                    self.noise_for_epsilon > self.epsilon_budget:
+                raise InvalidParameterError(
+                    "noise_for_epsilon", self.noise_for_epsilon, f"<= --epsilon-budget "
+                    f"{self.epsilon_budget:g} (calibrated above the budget, the run would stop "
+                    "before training)")
             if self.noise_multiplier is not None:
                 raise InvalidParameterError(
                     "noise_for_epsilon", self.noise_for_epsilon,

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from privkit import _validate
 from privkit import audit as _audit
 from privkit.accountants import Method, NeighboringRelation, epsilon
-from privkit.accountants.calibration import calibrate_noise_multiplier
+from privkit.accountants.calibration import calibrate_noise_multiplier, calibrate_steps
 from privkit.errors import InvalidParameterError, PrivkitError
 from privkit.events import gaussian_steps_event, pure_steps_event
 
@@ -164,6 +164,25 @@ def _add_relation(parser: argparse.ArgumentParser) -> None:
         "of sampled steps only, and the report names it")
 
 
+def _add_schedule(parser: argparse.ArgumentParser, *, steps: bool) -> None:
+    """The run's length (``--steps`` or ``--epochs``) and its sampling probability
+    (``--sampling-probability`` or ``--batch-size`` with ``--dataset-size``)."""
+    if steps:
+        length = parser.add_mutually_exclusive_group(required=True)
+        length.add_argument("--steps", type=_integer_or_number, help="number of releases T")
+        length.add_argument("--epochs", type=_number,
+                            help="passes over the data instead of --steps (Opacus style)")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument("--sampling-probability", type=_number, default=None,
+                      help="Poisson sampling probability q in (0, 1] (default 1: no sampling, "
+                      "or batch size / dataset size)")
+    rate.add_argument("--batch-size", type=_integer_or_number,
+                      help="expected batch size B (Poisson sampling at q = B / N; needs "
+                      "--dataset-size)")
+    parser.add_argument("--dataset-size", type=_integer_or_number,
+                        help="number of records N (with --batch-size)")
+
+
 def _load_commands() -> dict[str, Any]:
     """name -> the loaded entry point of :data:`COMMAND_GROUP`, or the ImportError loading
     it raised (the trainers' dependencies are not installed)."""
@@ -222,19 +241,36 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
                     "tightest")
     pu.add_argument("--json", action="store_true", help="print one JSON object")
 
-    cal = sub.add_parser("calibrate", help="noise for a target epsilon")
+    cal = sub.add_parser("calibrate", help="noise (or steps) for a target epsilon")
     cal_sub = cal.add_subparsers(dest="mechanism", required=True, parser_class=_Parser)
-    cg = cal_sub.add_parser("gaussian", help="noise multiplier for (subsampled) Gaussian steps")
+    cg = cal_sub.add_parser(
+        "gaussian", help="noise multiplier for (subsampled) Gaussian steps",
+        description="The smallest noise multiplier z (stddev / sensitivity under --relation) "
+        "whose verified epsilon is at most the target, for a run given by --steps or by "
+        "--epochs (one epoch is ceil(N / B) steps with --batch-size B and --dataset-size N, "
+        "ceil(1 / q) with --sampling-probability q; rounded up).")
     cg.add_argument("--target-epsilon", type=_number, required=True,
                     help="the epsilon the noise must reach (the result never exceeds it)")
     cg.add_argument("--delta", type=_number, required=True, help=_DELTA_HELP)
-    cg.add_argument("--steps", type=_integer_or_number, required=True,
-                    help="number of releases T")
-    cg.add_argument("--sampling-probability", type=_number, default=1.0,
-                    help="Poisson sampling probability q in (0, 1] (1: no sampling)")
+    _add_schedule(cg, steps=True)
     cg.add_argument("--method", default="auto", choices=_methods(),
                     help=_METHOD_HELP + " (it both solves and verifies)")
+    _add_relation(cg)
     cg.add_argument("--json", action="store_true", help="print one JSON object")
+    cs = cal_sub.add_parser(
+        "steps", help="the most (subsampled) Gaussian steps within a target epsilon",
+        description="The largest number of steps at noise multiplier z (stddev / sensitivity "
+        "under --relation) whose verified epsilon is at most the target, and the epochs they "
+        "make.")
+    cs.add_argument("--noise-multiplier", type=_number, required=True,
+                    help="stddev / L2 sensitivity (z)")
+    cs.add_argument("--target-epsilon", type=_number, required=True,
+                    help="the epsilon the steps must stay within")
+    cs.add_argument("--delta", type=_number, required=True, help=_DELTA_HELP)
+    _add_schedule(cs, steps=False)
+    cs.add_argument("--method", default="auto", choices=_methods(), help=_METHOD_HELP)
+    _add_relation(cs)
+    cs.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser("demo", help="epsilons for standard settings, then a short "
                           "Upcycled-FL vs FedProx vs FedAvg run")
@@ -302,14 +338,37 @@ def _cmd_epsilon(a: argparse.Namespace) -> None:
 
 
 def _cmd_calibrate(a: argparse.Namespace) -> None:
+    relation = NeighboringRelation[_RELATIONS[a.relation]]
+    rel_note = "" if a.relation == "add-remove" else "; neighbouring relation: replace_one"
+    if a.mechanism == "steps":
+        s = calibrate_steps(noise_multiplier=a.noise_multiplier, target_epsilon=a.target_epsilon,
+                            delta=a.delta, sampling_probability=a.sampling_probability,
+                            batch_size=a.batch_size, dataset_size=a.dataset_size,
+                            method=a.method, neighboring_relation=relation)
+        out = {"steps": s.steps, "epochs": s.epochs, "epsilon": s.epsilon, "delta": s.delta,
+               "method": s.method, "target_epsilon": s.target_epsilon,
+               "noise_multiplier": a.noise_multiplier,
+               "sampling_probability": s.sampling_probability, "relation": a.relation}
+        run = (f"; {s.epochs:.6g} epochs at q={s.sampling_probability:.6g}"
+               if s.sampling_probability < 1 else "")
+        _emit(out, a.json, f"steps = {s.steps} (verified eps <= {s.epsilon:.6g} at "
+              f"delta={s.delta:.3g}, {s.method}{rel_note}){run}")
+        return
     r = calibrate_noise_multiplier(target_epsilon=a.target_epsilon, delta=a.delta,
-                                   steps=_validate.positive_int("steps", a.steps),
-                                   sampling_probability=a.sampling_probability, method=a.method)
+                                   steps=a.steps, epochs=a.epochs,
+                                   sampling_probability=a.sampling_probability,
+                                   batch_size=a.batch_size, dataset_size=a.dataset_size,
+                                   method=a.method, neighboring_relation=relation)
     out = {"noise_multiplier": r.noise_multiplier, "epsilon": r.epsilon, "delta": r.delta,
-           "method": r.method, "target_epsilon": r.target_epsilon, "steps": int(a.steps),
-           "sampling_probability": a.sampling_probability}
+           "method": r.method, "target_epsilon": r.target_epsilon, "steps": r.steps,
+           "sampling_probability": r.sampling_probability, "relation": a.relation}
+    if a.epochs is not None:
+        out["epochs"] = a.epochs
+    run = (f"; {r.steps} steps at q={r.sampling_probability:.6g}" if a.epochs is not None
+           or a.batch_size is not None else "")
     _emit(out, a.json, f"noise_multiplier = {r.noise_multiplier:.6g} "
-          f"(verified eps <= {r.epsilon:.6g} at delta={r.delta:.3g}, {r.method})")
+          f"(verified eps <= {r.epsilon:.6g} at delta={r.delta:.3g}, {r.method}{rel_note})"
+          f"{run}")
 
 
 def demo_rows() -> list[tuple[str, str, float, str, float]]:

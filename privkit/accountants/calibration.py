@@ -29,8 +29,21 @@ from typing import Any
 from privkit import _validate
 from privkit._dpa import dp_event
 from privkit.accountants import fftpld, gaussian, pld
-from privkit.accountants.accountant import Method, _fft_atoms, auto_prefers_pld, epsilon
+from privkit.accountants._solve import (  # _solve_noise is also imported from here
+    _MAX_DOUBLINGS,
+    _secant_bracket,
+    _secant_down,
+    _solve_noise,
+)
+from privkit.accountants.accountant import (
+    Method,
+    _fft_atoms,
+    _relation,
+    auto_prefers_pld,
+    epsilon,
+)
 from privkit.accountants.rules import NeighboringRelation, flatten
+from privkit.accountants.schedule import schedule
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
 from privkit.events import gaussian_steps_event
 
@@ -42,9 +55,6 @@ __all__ = [
     "calibrate_steps",
 ]
 
-_MAX_DOUBLINGS = 200
-
-
 def _tol(tol: Any) -> float:
     """The relative precision of a calibrated parameter: finite, in (0, 0.1]."""
     t = _validate.positive("tol", tol)
@@ -55,109 +65,35 @@ def _tol(tol: Any) -> float:
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    """A calibrated noise parameter and the epsilon verified at it (<= target)."""
+    """A calibrated noise parameter and the epsilon verified at it (<= target).
+
+    ``steps``, ``sampling_probability`` and ``neighboring_relation`` (its name) are the
+    schedule and relation priced, when the calibration was of Gaussian steps (else None).
+    """
 
     noise_multiplier: float
     epsilon: float
     delta: float
     method: str
     target_epsilon: float
+    steps: int | None = None
+    sampling_probability: float | None = None
+    neighboring_relation: str | None = None
 
 
 @dataclass(frozen=True)
 class StepsResult:
-    """The largest number of steps whose verified epsilon is <= target."""
+    """The largest number of steps whose verified epsilon is <= target (and the epochs they
+    make at the sampling probability: :mod:`privkit.accountants.schedule`)."""
 
     steps: int
     epsilon: float
     delta: float
     method: str
     target_epsilon: float
-
-
-def _solve_noise(
-    eps_of: Callable[[float], float], target: float, tol: float, guess: float = 1.0,
-    step: float = 2.0,
-) -> tuple[float, float]:
-    """Smallest x (to relative ``tol``) with eps_of(x) <= target; eps decreasing in x.
-
-    Brackets from ``guess`` with geometric steps (``step``, squared after every
-    move, so any scale is reached), then narrows by Illinois regula falsi on
-    (log x, log eps). Returns (x, eps_of(x)) with eps_of(x) <= target: x is the
-    safe end of the final bracket, and it has been evaluated.
-    """
-    x = guess
-    e = eps_of(x)
-    factor = step
-    if e > target:
-        lo, e_lo = x, e
-        for _ in range(_MAX_DOUBLINGS):
-            x *= factor
-            factor *= factor if factor < 1e8 else 1.0
-            e = eps_of(x)
-            if e <= target:
-                break
-            lo, e_lo = x, e
-        else:
-            raise NumericalError("no noise level reaches the target epsilon")
-        hi, e_hi = x, e
-    else:
-        hi, e_hi = x, e
-        for _ in range(_MAX_DOUBLINGS):
-            x /= factor
-            factor *= factor if factor < 1e8 else 1.0
-            e = eps_of(x)
-            if e > target:
-                break
-            hi, e_hi = x, e
-        else:
-            return hi, e_hi  # even vanishing noise meets the target
-        lo, e_lo = x, e
-    return _illinois(eps_of, target, tol, lo, e_lo, hi, e_hi)
-
-
-def _illinois(
-    eps_of: Callable[[float], float], target: float, tol: float,
-    lo: float, e_lo: float, hi: float, e_hi: float,
-) -> tuple[float, float]:
-    lt = math.log(target)
-
-    def g(e: float) -> float:
-        if not math.isfinite(e):
-            return 745.0
-        return (math.log(e) if e > 0 else -745.0) - lt
-
-    a, b = math.log(lo), math.log(hi)
-    ga, gb = g(e_lo), g(e_hi)  # ga > 0 >= gb
-    side = 0
-    while hi / lo - 1 > tol:
-        c = b - gb * (b - a) / (gb - ga) if ga != gb else 0.5 * (a + b)
-        width = b - a
-        c = min(max(c, a + 0.02 * width), b - 0.02 * width)  # stay strictly inside
-        x = math.exp(c)
-        if not lo < x < hi:
-            break
-        e = eps_of(x)
-        gc = g(e)
-        if e <= target:
-            b, gb, hi, e_hi = c, gc, x, e
-            if side == -1:
-                ga /= 2
-            side = -1
-            # The secant usually lands just on the safe side: one probe a
-            # tolerance below often closes the bracket at once.
-            if hi / lo - 1 > tol and target - e < 1e-4 * target:
-                x_low = hi / (1 + tol)
-                e_low = eps_of(x_low)
-                if e_low > target:
-                    return hi, e_hi
-                b, gb, hi, e_hi = math.log(x_low), g(e_low), x_low, e_low
-        else:
-            a, ga, lo = c, gc, x
-            if side == 1:
-                gb /= 2
-            side = 1
-    return hi, e_hi
+    sampling_probability: float = 1.0
+    epochs: float | None = None
+    neighboring_relation: str | None = None
 
 
 def calibrate_noise(
@@ -179,7 +115,7 @@ def calibrate_noise(
     d = _validate.delta("delta", delta)
     tol = _tol(tol)
     m = Method.parse(method)
-    rel = neighboring_relation
+    rel = _relation(neighboring_relation)
     guess = 1.0 if initial_guess is None else _validate.positive("initial_guess", initial_guess)
 
     def report(x: float, meth: Method = m) -> Any:
@@ -271,112 +207,73 @@ def _calibrate_auto_pld(
     raise NumericalError("calibration failed to verify its answer")
 
 
-def _secant_bracket(
-    eps_of: Callable[..., float], target: float, tol: float, x: float,
-    slope: float = -1.2, max_steps: int = 12,
-) -> tuple[float, float]:
-    """The smallest x (to relative ``tol``) with eps_of(x) <= target, eps decreasing in x, from
-    a point ``x`` near the root: secant steps on (log x, log eps) aimed a quarter of ``tol``
-    to alternate sides of the root, so that two well-aimed steps close the bracket. Falls back
-    to :func:`_solve_noise` if the secant misbehaves. Returns the evaluated safe end.
-    ``eps_of(x, above)`` may return any value in (above, eps(x)] when eps(x) > above."""
-    lt = math.log(target)
-    lo = hi = e_hi = None
-    last: tuple[float, float] | None = None
-    want_safe = True
-    for _ in range(max_steps):
-        if hi is not None and x < hi and hi / x - 1 <= tol:
-            # x closes the bracket if it is over the target, and then its epsilon is not
-            # used: the evaluation may stop as soon as that is known
-            e = eps_of(x, target)
-            if e > target:
-                assert e_hi is not None
-                return hi, e_hi
-        else:
-            e = eps_of(x)
-        if not (0 < e < math.inf):
-            break
-        if e <= target:
-            if hi is None or x < hi:
-                hi, e_hi = x, e
-        elif lo is None or x > lo:
-            lo = x
-        if lo is not None and hi is not None and hi / lo - 1 <= tol:
-            assert e_hi is not None
-            return hi, e_hi
-        point = (math.log(x), math.log(e))
-        if last is not None and point[0] != last[0]:
-            s = (point[1] - last[1]) / (point[0] - last[0])
-            if s < 0:
-                slope = s
-        last = point
-        root = point[0] + (lt - point[1]) / slope
-        want_safe = hi is None or (lo is not None and not want_safe)
-        aim = root + (1 if want_safe else -1) * math.log1p(tol / 4)
-        xn = math.exp(aim)
-        if lo is not None and hi is not None and not lo < xn < hi:
-            xn = math.sqrt(lo * hi)
-        x = xn
-    return _solve_noise(eps_of, target, tol, hi if hi is not None else x)
-
-
-def _secant_down(
-    eps_of: Callable[[float], float], target: float, tol: float, x: float, slope: float = -1.0
-) -> tuple[float, float]:
-    """Like :func:`_solve_noise`, from a point ``x`` expected to be (nearly) safe.
-
-    Secant steps on (log x, log eps), aimed slightly past the root so that a
-    bracket forms in one or two evaluations, then Illinois.
-    """
-    e = eps_of(x)
-    if not e <= target or e <= 0:
-        return _solve_noise(eps_of, target, tol, x)
-    hi, e_hi = x, e
-    slope = min(slope, -0.05)  # d log eps / d log x; refined by the secant below
-    for _ in range(8):
-        step = (math.log(target) - math.log(e_hi)) / slope
-        xn = hi * math.exp(step - 10 * tol - 1e-4)
-        en = eps_of(xn)
-        if en > target:
-            return _illinois(eps_of, target, tol, xn, en, hi, e_hi)
-        if en <= 0 or en == e_hi:
-            break
-        slope = min((math.log(en) - math.log(e_hi)) / (math.log(xn) - math.log(hi)), -0.05)
-        hi, e_hi = xn, en
-    return _solve_noise(eps_of, target, tol, hi)
-
-
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
     delta: float,
-    steps: int,
-    sampling_probability: float = 1.0,
+    steps: int | None = None,
+    sampling_probability: float | None = None,
     method: Method | str = Method.AUTO,
     tol: float = 1e-6,
+    neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE,
+    epochs: float | None = None,
+    batch_size: int | None = None,
+    dataset_size: int | None = None,
 ) -> CalibrationResult:
     """Noise multiplier z so that ``steps`` (Poisson-subsampled) Gaussian steps meet the target.
+
+    The run is given by ``steps`` or, as in Opacus, by ``epochs``; its sampling probability by
+    ``sampling_probability`` or by ``batch_size`` and ``dataset_size`` (q = B / N; neither:
+    q = 1). Epochs become steps as :mod:`privkit.accountants.schedule` says (one epoch is
+    ceil(N / B) steps, rounded up, never fewer than the run takes), so calibrating by epochs
+    gives the same z as calibrating by those steps.
+
+    The noise multiplier follows privkit's convention under every relation: z = stddev /
+    sensitivity, the L2 sensitivity under ``neighboring_relation`` (the relation priced, as in
+    :func:`privkit.epsilon`). For a sum of contributions clipped to C that is C under
+    ``ADD_OR_REMOVE_ONE`` and 2 C under ``REPLACE_ONE``; the relation changes the answer for
+    sampled steps only.
 
     Args:
         target_epsilon: finite and > 0.
         delta: in (0, 1).
-        steps: integer >= 1.
-        sampling_probability: in (0, 1]; 1 = no subsampling (exact method).
+        steps: integer >= 1 (or ``epochs`` instead).
+        sampling_probability: in (0, 1]; 1 = no subsampling (exact method). Default: 1, or
+            ``batch_size / dataset_size``.
         method: accountant used both to solve and to verify.
         tol: relative precision of z (the answer errs towards more noise).
+        neighboring_relation: dp-accounting's relation (or its name, e.g. ``"REPLACE_ONE"``).
+        epochs: passes over the data, > 0 (instead of ``steps``).
+        batch_size: expected batch size B (Poisson sampling), with ``dataset_size``.
+        dataset_size: N, the number of records, >= B.
+
+    Raises:
+        InvalidParameterError: a bad argument, or a bad combination (named in the message).
+
+    Example:
+        >>> by_epochs = calibrate_noise_multiplier(target_epsilon=8, delta=1e-5, epochs=2,
+        ...                                        batch_size=100, dataset_size=10_000)
+        >>> by_steps = calibrate_noise_multiplier(target_epsilon=8, delta=1e-5, steps=200,
+        ...                                       sampling_probability=0.01)
+        >>> by_epochs.steps, by_epochs.noise_multiplier == by_steps.noise_multiplier
+        (200, True)
     """
     target = _validate.positive("target_epsilon", target_epsilon)
     d = _validate.delta("delta", delta)
-    t = _validate.positive_int("steps", steps)
-    q = _validate.probability("sampling_probability", sampling_probability)
+    sched = schedule(steps=steps, epochs=epochs, sampling_probability=sampling_probability,
+                     batch_size=batch_size, dataset_size=dataset_size)
+    t, q = sched.steps, sched.sampling_probability
     tol = _tol(tol)
+    rel = _relation(neighboring_relation)
     if q == 1.0 and Method.parse(method) in (Method.AUTO, Method.EXACT):
-        return _exact_noise_multiplier(target, d, t, tol)
-    z, e, name = calibrate_noise(
-        lambda x: gaussian_steps_event(x, t, q), target_epsilon=target, delta=d, method=method,
-        tol=tol, initial_guess=_clt_guess(target, d, t, q),
-    )
-    return CalibrationResult(z, e, d, name, target)
+        r = _exact_noise_multiplier(target, d, t, tol)
+        z, e, name = r.noise_multiplier, r.epsilon, r.method
+    else:
+        z, e, name = calibrate_noise(
+            lambda x: gaussian_steps_event(x, t, q), target_epsilon=target, delta=d,
+            method=method, tol=tol, initial_guess=_clt_guess(target, d, t, q),
+            neighboring_relation=rel)
+    return CalibrationResult(z, e, d, name, target, t, q, rel.name)
 
 
 def _clt_guess(target: float, d: float, t: int, q: float) -> float:
@@ -405,21 +302,39 @@ def calibrate_steps(
     noise_multiplier: float,
     target_epsilon: float,
     delta: float,
-    sampling_probability: float = 1.0,
+    sampling_probability: float | None = None,
     method: Method | str = Method.AUTO,
+    neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE,
+    batch_size: int | None = None,
+    dataset_size: int | None = None,
 ) -> StepsResult:
     """The largest number of steps whose epsilon (same accountant) is <= target.
 
+    The sampling probability is ``sampling_probability`` or ``batch_size / dataset_size``
+    (neither: 1); ``noise_multiplier`` is stddev / sensitivity under ``neighboring_relation``
+    (as in :func:`calibrate_noise_multiplier`). The result also gives the epochs those steps
+    make (:mod:`privkit.accountants.schedule`).
+
     Raises:
-        InvalidParameterError: if even one step exceeds the target.
+        InvalidParameterError: a bad argument (named), or if even one step exceeds the target.
+
+    Example:
+        >>> r = calibrate_steps(noise_multiplier=1.0, target_epsilon=10.0, delta=1e-5)
+        >>> r.steps, r.epsilon <= 10.0
+        (4, True)
     """
     z = _validate.positive("noise_multiplier", noise_multiplier)
     target = _validate.positive("target_epsilon", target_epsilon)
     d = _validate.delta("delta", delta)
-    q = _validate.probability("sampling_probability", sampling_probability)
+    def plan(t: int) -> Any:
+        return schedule(steps=t, sampling_probability=sampling_probability,
+                        batch_size=batch_size, dataset_size=dataset_size)
+
+    q = plan(1).sampling_probability
+    rel = _relation(neighboring_relation)
 
     def rep(t: int) -> Any:
-        return epsilon(gaussian_steps_event(z, t, q), d, method)
+        return epsilon(gaussian_steps_event(z, t, q), d, method, neighboring_relation=rel)
 
     first = rep(1)
     if first.epsilon > target:
@@ -442,4 +357,5 @@ def calibrate_steps(
             lo, lo_rep = mid, r
         else:
             hi = mid
-    return StepsResult(lo, lo_rep.epsilon, d, lo_rep.method, target)
+    return StepsResult(lo, lo_rep.epsilon, d, lo_rep.method, target, q, plan(lo).epochs,
+                       rel.name)

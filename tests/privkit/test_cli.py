@@ -45,6 +45,48 @@ def test_calibrate_json(capsys):
     assert code == 0 and obj["epsilon"] <= 1.0 and obj["noise_multiplier"] > 0
 
 
+def test_calibrate_by_epochs_is_calibrate_by_the_equivalent_steps(capsys):
+    common = ["calibrate", "gaussian", "--target-epsilon", "3", "--delta", "1e-5", "--json"]
+    outs = [json.loads(run(common + extra, capsys)[1]) for extra in (
+        ["--steps", "200", "--sampling-probability", "0.01"],
+        ["--epochs", "2", "--sampling-probability", "0.01"],
+        ["--epochs", "2", "--batch-size", "100", "--dataset-size", "10000"])]
+    assert len({o["noise_multiplier"] for o in outs}) == 1
+    assert [(o["steps"], o["sampling_probability"]) for o in outs] == [(200, 0.01)] * 3
+    assert outs[1]["epochs"] == 2 and "epochs" not in outs[0]
+    code, text, _ = run(common[:-1] + ["--epochs", "2", "--sampling-probability", "0.01"],
+                        capsys)
+    assert code == 0 and text.rstrip().endswith("; 200 steps at q=0.01")
+
+
+def test_calibrate_with_the_relation_epsilon_uses(capsys):
+    common = ["--delta", "1e-5", "--sampling-probability", "0.05", "--json"]
+    cal = json.loads(run(["calibrate", "gaussian", "--target-epsilon", "2", "--steps", "100",
+                          "--relation", "replace-one", *common], capsys)[1])
+    assert cal["relation"] == "replace-one"
+    eps = json.loads(run(["epsilon", "gaussian", "--noise-multiplier",
+                          repr(cal["noise_multiplier"]), "--steps", "100", "--relation",
+                          "replace-one", *common], capsys)[1])
+    assert eps["epsilon"] == cal["epsilon"] <= 2.0
+    assert eps["neighboring_relation"] == "REPLACE_ONE"
+    _, text, _ = run(["calibrate", "gaussian", "--target-epsilon", "2", "--steps", "100",
+                      "--relation", "replace-one", *common[:-1]], capsys)
+    assert "neighbouring relation: replace_one" in text
+
+
+def test_calibrate_steps(capsys):
+    code, out, _ = run(["calibrate", "steps", "--noise-multiplier", "1.1", "--target-epsilon",
+                        "2", "--delta", "1e-5", "--batch-size", "50", "--dataset-size", "1000",
+                        "--json"], capsys)
+    obj = json.loads(out)
+    assert code == 0 and obj["epsilon"] <= 2.0 and obj["sampling_probability"] == 0.05
+    assert obj["epochs"] == obj["steps"] / 20
+    again = json.loads(run(["epsilon", "gaussian", "--noise-multiplier", "1.1", "--steps",
+                            str(obj["steps"] + 1), "--sampling-probability", "0.05", "--delta",
+                            "1e-5", "--json"], capsys)[1])
+    assert again["epsilon"] > 2.0
+
+
 def test_text_output_mentions_assumptions(capsys):
     code, out, _ = run(["epsilon", "gaussian", "--noise-multiplier", "1.1", "--steps", "100",
                         "--sampling-probability", "0.01", "--delta", "1e-5"], capsys)
@@ -68,6 +110,25 @@ def test_text_output_mentions_assumptions(capsys):
     (["epsilon", "gaussian", "--noise-multiplier", "abc", "--steps", "10", "--delta", "1e-5"],
      "noise-multiplier"),
     (["epsilon", "gaussian", "--steps", "10", "--delta", "1e-5"], "noise-multiplier"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--steps", "10",
+      "--epochs", "3"], "--epochs"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5"], "--epochs"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--epochs", "nan"],
+     "--epochs"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--epochs", "2",
+      "--batch-size", "700", "--dataset-size", "600"], "--batch-size"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--epochs", "2",
+      "--batch-size", "70"], "--dataset-size"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--epochs", "2",
+      "--sampling-probability", "0.1", "--batch-size", "70"], "--batch-size"),
+    (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--steps", "10",
+      "--relation", "sideways"], "--relation"),
+    (["calibrate", "steps", "--noise-multiplier", "nan", "--target-epsilon", "8", "--delta",
+      "1e-5"], "--noise-multiplier"),
+    (["calibrate", "steps", "--noise-multiplier", "0.1", "--target-epsilon", "0.5", "--delta",
+      "1e-5"], "--target-epsilon"),
+    (["calibrate", "steps", "--noise-multiplier", "1", "--target-epsilon", "8", "--delta",
+      "1e-5", "--batch-size", "0", "--dataset-size", "10"], "--batch-size"),
 ])
 def test_bad_input_one_line_exit_2(args, name, capsys):
     try:

@@ -81,7 +81,86 @@ def test_calibrate_steps():
     (dict(target_epsilon=1.0, delta=0.0, steps=10), "delta"),
     (dict(target_epsilon=1.0, delta=1e-5, steps=1.5), "steps"),
     (dict(target_epsilon=1.0, delta=1e-5, steps=10, sampling_probability=0), "sampling_prob"),
+    (dict(target_epsilon=1.0, delta=1e-5), "steps"),
+    (dict(target_epsilon=1.0, delta=1e-5, steps=10, epochs=2), "epochs"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=math.nan), "epochs"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=math.inf), "epochs"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=0), "epochs"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=1, batch_size=101, dataset_size=100),
+     "batch_size"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=1, batch_size=10), "dataset_size"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=1, dataset_size=10), "batch_size"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=1, batch_size=10, dataset_size=100,
+          sampling_probability=0.1), "batch_size"),
+    (dict(target_epsilon=1.0, delta=1e-5, epochs=1, batch_size=2.5, dataset_size=100),
+     "batch_size"),
+    (dict(target_epsilon=1.0, delta=1e-5, steps=10, neighboring_relation="SIDEWAYS"),
+     "neighboring_relation"),
 ])
 def test_bad_calibration_input(kwargs, name):
     with pytest.raises(InvalidParameterError, match=name):
         calibrate_noise_multiplier(**kwargs)
+
+
+# ------------------------------------------------- epochs, batch size, relation (Opacus style)
+@pytest.mark.parametrize("q_form, steps_form", [
+    (dict(epochs=2, sampling_probability=0.01), dict(steps=200, sampling_probability=0.01)),
+    (dict(epochs=2, batch_size=100, dataset_size=10_000),
+     dict(steps=200, sampling_probability=0.01)),
+    (dict(epochs=3, batch_size=256, dataset_size=1000),  # 4 steps an epoch (ceil 3.9)
+     dict(steps=12, sampling_probability=0.256)),
+    (dict(epochs=5), dict(steps=5)),  # full batches: one step an epoch, exact method
+])
+def test_calibration_by_epochs_agrees_with_the_equivalent_steps(q_form, steps_form):
+    by_epochs = calibrate_noise_multiplier(target_epsilon=3.0, delta=1e-5, **q_form)
+    by_steps = calibrate_noise_multiplier(target_epsilon=3.0, delta=1e-5, **steps_form)
+    assert by_epochs == by_steps
+    assert (by_epochs.steps, by_epochs.sampling_probability) == (
+        steps_form["steps"], steps_form.get("sampling_probability", 1.0))
+
+
+def test_epochs_round_up_to_whole_steps_never_down():
+    from privkit.accountants.schedule import schedule
+
+    assert schedule(epochs=0.3, sampling_probability=0.1).steps == 3  # 0.3 * 10, not 4
+    assert schedule(epochs=0.31, sampling_probability=0.1).steps == 4
+    assert schedule(epochs=1, sampling_probability=0.3).steps == 4  # ceil(1 / 0.3) an epoch
+    assert schedule(epochs=1e-9, sampling_probability=0.5).steps == 1
+    assert schedule(steps=360, batch_size=10, dataset_size=35).epochs == 90.0  # 4 an epoch
+
+
+@pytest.mark.parametrize("relation", ["REPLACE_ONE", "ADD_OR_REMOVE_ONE"])
+def test_relation_is_priced_with_the_same_noise_convention(relation):
+    r = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
+                                   sampling_probability=0.05, neighboring_relation=relation)
+    assert r.neighboring_relation == relation
+    ev = gaussian_steps_event(r.noise_multiplier, 100, 0.05)
+    assert epsilon(ev, 1e-5, neighboring_relation=relation).epsilon <= 2.0
+    less = gaussian_steps_event(r.noise_multiplier * (1 - 1e-4), 100, 0.05)
+    assert epsilon(less, 1e-5, neighboring_relation=relation).epsilon > 2.0
+
+
+def test_replace_one_needs_more_noise_per_unit_sensitivity_only_when_sampled():
+    ar = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
+                                    sampling_probability=0.05)
+    ro = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
+                                    sampling_probability=0.05, neighboring_relation="REPLACE_ONE")
+    assert ro.noise_multiplier != ar.noise_multiplier
+    unsampled = [calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
+                                            neighboring_relation=rel).noise_multiplier
+                 for rel in ("ADD_OR_REMOVE_ONE", "REPLACE_ONE")]
+    assert unsampled[0] == unsampled[1]
+
+
+def test_calibrate_steps_with_a_batch_size_and_a_relation():
+    s = calibrate_steps(noise_multiplier=1.1, target_epsilon=2.0, delta=1e-5, batch_size=50,
+                        dataset_size=1000, neighboring_relation="REPLACE_ONE")
+    assert s.sampling_probability == 0.05 and s.epochs == s.steps / 20
+    ro = "REPLACE_ONE"
+    assert epsilon(gaussian_steps_event(1.1, s.steps, 0.05), 1e-5,
+                   neighboring_relation=ro).epsilon <= 2.0
+    assert epsilon(gaussian_steps_event(1.1, s.steps + 1, 0.05), 1e-5,
+                   neighboring_relation=ro).epsilon > 2.0
+    with pytest.raises(InvalidParameterError, match="batch_size"):
+        calibrate_steps(noise_multiplier=1.1, target_epsilon=2.0, delta=1e-5, batch_size=50,
+                        dataset_size=10)

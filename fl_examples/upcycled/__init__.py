@@ -112,10 +112,12 @@ def _privacy_detail(p: dict[str, Any]) -> str:
 def _amount(p: dict[str, Any]) -> str:
     if p.get("privacy_unit") == "client":
         u = p["epsilon_unamplified"]
+        k = u["expected_participations"]
         return (f"eps {p['epsilon_max']:.4g} for every client (the population's; replace-one "
-                f"{p['epsilon_replace_one']:.4g}; against the server, which knows the sample: "
-                f"{u['epsilon_at_expected']:.4g} for a client in {u['expected_participations']} "
-                f"round{'' if u['expected_participations'] == 1 else 's'})")
+                f"{p['epsilon_replace_one']:.4g}; against the server, which knows the sample, "
+                f"no amplification: {u['epsilon_at_expected']:.4g} for a client in {k} "
+                f"round{'' if k == 1 else 's'} (the expected number), "
+                f"{u['epsilon_every_round']:.4g} in all {u['every_round']})")
     text = f"eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g}"
     if "epsilon_replace_one_max" in p:
         text += f" (replace-one max {p['epsilon_replace_one_max']:.4g})"

@@ -1,29 +1,30 @@
 """Per-layer rules: per-example gradient norms and clipped sums from a layer's inputs and the
 gradients of its outputs, without running autograd per example.
 
-A rule gets every call of one module in a forward pass, ``(a, g)``: the input ``a`` (batch
-first) and the gradient ``g`` of the summed per-example losses with respect to the output.
-Since the examples are independent, row i of ``g`` is example i's own output gradient, and
-the layer's per-example gradients follow in closed form:
+A rule gets every call of one module in a forward pass, ``(a, g)``: the input ``a`` and the
+gradient ``g`` of the summed per-example losses with respect to the output, both with two
+leading axes ``(K, B)``: K clients (each with its own parameters; K = 1 for one model) of B
+examples. Since the examples are independent, ``g[k, i]`` is example i's own output
+gradient, and the layer's per-example gradients follow in closed form:
 
 - ``nn.Linear``: the weight gradient of example i is ``sum_t g_it a_it^T`` over its positions
   t. Its squared norm is ``||a_i||^2 ||g_i||^2`` for one position, and otherwise either the
-  *ghost norm* ``sum_{t,s} (a_it . a_is)(g_it . g_is)`` (Goodfellow 2015; Li et al., ICLR 2022)
-  or the norm of the materialised ``(out, in)`` gradient, whichever needs less memory
-  (``T^2`` against ``out * in`` per example: Bu et al., "mixed ghost clipping", 2022).
-- ``nn.Conv1d/2d/3d``: the same with the unfolded input (1d and 2d, ``groups == 1``) for the
-  ghost norm; otherwise the per-example weight gradients of all examples come from one
-  grouped weight-gradient convolution (``groups * B`` groups).
+  norm of the materialised ``(out, in)`` gradient or the *ghost norm*
+  ``sum_{t,s} (a_it . a_is)(g_it . g_is)`` (Goodfellow 2015; Li et al., ICLR 2022) when
+  materialising would take much memory and the ghost norm less (``T^2 < out * in``: Bu et
+  al., "mixed ghost clipping", 2022).
+- ``nn.Conv1d/2d``: the same with the unfolded input (``groups == 1``); other convolutions
+  (``Conv3d``, grouped) materialise every example's weight gradient with one grouped
+  weight-gradient convolution (``groups * K * B`` groups).
 - ``nn.Embedding``: the gradient rows of example i are its output gradients summed per token
-  id; their squared norm is computed by a segment sum over (example, id) pairs (no
-  ``(B, V, D)`` tensor).
+  id; their squared norm is a segment sum over (example, id) pairs (no ``(B, V, D)`` tensor).
 - ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RMSNorm``: the affine parameters' per-example
   gradients (``g`` times the normalised input, summed over positions) are small, and kept.
 
-The clipped sum ``sum_i f_i grad_i`` is then one weight-gradient product with ``f_i g_i``
-(book-keeping, Bu et al., 2023): no second backward pass. Squared norms are reduced in the
-layer's dtype and summed over layers in float64; ghost norms (``T^2`` Gram matrices) are
-computed in float64, where cancellation would otherwise cost precision.
+The clipped sum ``sum_i f_i grad_i`` (per client) is then one weight-gradient product with
+``f_i g_i`` (book-keeping, Bu et al., 2023): no second backward pass. Squared norms are
+reduced in the layer's dtype and summed over layers in float64; ghost norms (``T^2`` Gram
+matrices) are computed in float64, where cancellation would otherwise cost precision.
 """
 
 from __future__ import annotations
@@ -35,32 +36,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Parts", "RULES"]
+__all__ = ["Parts", "RULES", "materialized"]
 
 Calls = list[tuple[Tensor, Tensor]]
 
+#: Per-example gradients of a layer are materialised (exact clipped sums, fast small matrix
+#: products) up to this many elements for the whole batch, and beyond it whenever the ghost
+#: norm would need as much (``T^2 >= out * in`` per example).
+MATERIALISE_ELEMENTS = 1 << 22
+
 
 class Parts:
-    """One module's per-example squared norms ``sq`` (B,) float64, and ``weighted(f)``: the
-    clipped sum ``{local parameter name: sum_i f_i grad_i}`` for factors f (B,)."""
+    """One module's per-example squared norms ``sq`` ``(K, B)`` float64, and
+    ``weighted(f)``: the clipped sums ``{local parameter name: (K, *shape)}`` of
+    ``sum_i f_ki grad_ki`` for factors f ``(K, B)``."""
 
     def __init__(self, sq: Tensor, weighted: Callable[[Tensor], dict[str, Tensor]]) -> None:
         self.sq = sq
         self.weighted = weighted
-
-
-def materialized(grads: Mapping[str, Tensor]) -> Parts:
-    """Parts of per-example gradients held in full, ``{name: (B, *shape)}``."""
-    grads = dict(grads)
-    first = next(iter(grads.values()))
-    sq = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)
-    for v in grads.values():
-        sq += _sumsq(v, 1)
-
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        return {n: torch.tensordot(f.to(v.dtype), v, dims=1) for n, v in grads.items()}
-
-    return Parts(sq, weighted)
 
 
 def _sumsq(x: Tensor, dims: int) -> Tensor:
@@ -70,57 +63,70 @@ def _sumsq(x: Tensor, dims: int) -> Tensor:
     return (x * x).flatten(dims).sum(-1).to(torch.float64)
 
 
+def materialized(grads: Mapping[str, Tensor]) -> Parts:
+    """Parts of per-example gradients held in full, ``{name: (K, B, *shape)}``."""
+    grads = dict(grads)
+    sq = sum(_sumsq(v, 2) for v in grads.values())
+    assert isinstance(sq, Tensor)
+
+    def weighted(f: Tensor) -> dict[str, Tensor]:
+        return {n: torch.bmm(f.to(v.dtype).unsqueeze(1), v.flatten(2)).reshape(
+            v.shape[0], *v.shape[2:]) for n, v in grads.items()}
+
+    return Parts(sq, weighted)
+
+
 def _cat(parts: list[Tensor], dim: int) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def _gram_norms(a: Tensor, g: Tensor) -> Tensor:
-    """``sum_{t,s} (a_t . a_s)(g_t . g_s)`` per example for ``a (B, T, I)``, ``g (B, T, O)``."""
+    """``sum_{t,s} (a_t . a_s)(g_t . g_s)`` per example for ``a (n, T, I)``, ``g (n, T, O)``."""
     a64, g64 = a.to(torch.float64), g.to(torch.float64)
     return (torch.bmm(a64, a64.transpose(1, 2)) * torch.bmm(g64, g64.transpose(1, 2))).sum((1, 2))
 
 
-#: Per-example gradients of a layer are materialised (exact clipped sums, fast small matrix
-#: products) up to this many elements for the whole batch, and beyond it whenever the ghost
-#: norm would need more (``T^2 >= out * in`` per example).
-MATERIALISE_ELEMENTS = 1 << 22
-
-
-def _weight_sq(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Squared per-example norms of ``sum_t g_t a_t^T`` for ``a (B, T, I)``, ``g (B, T, O)``,
-    and the materialised ``(B, O, I)`` gradients when they are the chosen way (else None)."""
-    b, t, i = a.shape
+def _outer(a: Tensor, g: Tensor, want: set[str], k: int) -> tuple[Tensor, Callable[..., Any]]:
+    """Squared norms ``(K, B)`` and the weighted sums of the weight ``sum_t g_t a_t^T``
+    (``(K, O, I)``) and bias ``sum_t g_t`` for ``a (K B, T, I)``, ``g (K B, T, O)``."""
+    n, t, i = a.shape
     o = g.shape[2]
-    if t == 1:
-        return _sumsq(a, 1) * _sumsq(g, 1), None
-    if b * o * i <= MATERIALISE_ELEMENTS or t * t >= o * i:
-        per = torch.bmm(g.transpose(1, 2), a)
-        return _sumsq(per, 1), per
-    return _gram_norms(a, g), None
-
-
-def _linear(module: nn.Linear, calls: Calls, want: set[str]) -> Parts:
-    b, o, i = calls[0][1].shape[0], module.out_features, module.in_features
-    a = _cat([x.reshape(b, -1, i) for x, _ in calls], dim=1)
-    g = _cat([y.reshape(b, -1, o) for _, y in calls], dim=1)
-    sq = torch.zeros(b, dtype=torch.float64, device=g.device)
+    sq = torch.zeros(n, dtype=torch.float64, device=g.device)
     per = None
     if "weight" in want:
-        w_sq, per = _weight_sq(a, g)
-        sq += w_sq
+        if t == 1:
+            sq += _sumsq(a, 1) * _sumsq(g, 1)
+        elif n * o * i <= MATERIALISE_ELEMENTS or t * t >= o * i:
+            per = torch.bmm(g.transpose(1, 2), a)
+            sq += _sumsq(per, 1)
+        else:
+            sq += _gram_norms(a, g)
     if "bias" in want:
         sq += _sumsq(g.sum(1), 1)
 
     def weighted(f: Tensor) -> dict[str, Tensor]:
-        fg = g * f.to(g.dtype)[:, None, None]
+        fk = f.to(g.dtype).reshape(k, -1)
         out = {}
         if "weight" in want:
-            out["weight"] = (torch.tensordot(f.to(per.dtype), per, dims=1) if per is not None
-                             else fg.reshape(-1, o).T @ a.reshape(-1, i))
+            if per is not None:
+                out["weight"] = torch.bmm(fk.unsqueeze(1), per.reshape(k, -1, o * i)).reshape(
+                    k, o, i)
+            else:
+                fg = (g * f.to(g.dtype).reshape(-1, 1, 1)).reshape(k, -1, o)
+                out["weight"] = torch.bmm(fg.transpose(1, 2), a.reshape(k, -1, i))
         if "bias" in want:
-            out["bias"] = fg.sum((0, 1))
+            out["bias"] = torch.bmm(fk.unsqueeze(1), g.sum(1).reshape(k, -1, o)).reshape(k, o)
         return out
 
+    return sq.reshape(k, -1), weighted
+
+
+def _linear(module: nn.Linear, calls: Calls, want: set[str]) -> Parts:
+    k, b = calls[0][1].shape[:2]
+    o, i = module.out_features, module.in_features
+    a = _cat([x.reshape(k * b, -1, i) for x, _ in calls], dim=1)
+    g = _cat([y.reshape(k * b, -1, o) for _, y in calls], dim=1)
+    sq, weighted = _outer(a, g, want, k)
     return Parts(sq, weighted)
 
 
@@ -135,8 +141,8 @@ def _conv_input(module: Any, a: Tensor) -> tuple[Tensor, tuple[int, ...]]:
     nd = a.dim() - 2
     if isinstance(module.padding, str):
         pads: list[int] = []
-        for d, k in zip(reversed(module.dilation), reversed(module.kernel_size)):
-            total = d * (k - 1) if module.padding == "same" else 0
+        for d, kk in zip(reversed(module.dilation), reversed(module.kernel_size)):
+            total = d * (kk - 1) if module.padding == "same" else 0
             pads += [total // 2, total - total // 2]
     elif module.padding_mode != "zeros":
         pads = [p for p in reversed(module.padding) for _ in range(2)]
@@ -147,97 +153,100 @@ def _conv_input(module: Any, a: Tensor) -> tuple[Tensor, tuple[int, ...]]:
 
 
 def _unfold(a: Tensor, module: Any, padding: tuple[int, ...]) -> Tensor:
-    """``(B, T, C k)`` patches of a 1d or 2d input (``F.unfold``, 1d as height 1)."""
+    """``(n, T, C k)`` patches of a 1d or 2d input (1d as height 1), in the weight's
+    ``(C, kh, kw)`` order: strided views and one copy (``F.unfold`` loops over the batch)."""
+    k, d, p, s = module.kernel_size, module.dilation, padding, module.stride
     if a.dim() == 3:
-        a = a.unsqueeze(2)
-        k, d, p, s = ((1, *module.kernel_size), (1, *module.dilation), (0, *padding),
-                      (1, *module.stride))
-    else:
-        k, d, p, s = module.kernel_size, module.dilation, padding, module.stride
-    return F.unfold(a, k, d, p, s).transpose(1, 2)
+        a, k, d, p, s = a.unsqueeze(2), (1, *k), (1, *d), (0, *p), (1, *s)
+    if any(p):
+        a = F.pad(a, (p[1], p[1], p[0], p[0]))
+    u = a.unfold(2, d[0] * (k[0] - 1) + 1, s[0]).unfold(3, d[1] * (k[1] - 1) + 1, s[1])
+    if d[0] != 1 or d[1] != 1:
+        u = u[..., ::d[0], ::d[1]]
+    n, c, h, w = u.shape[:4]
+    return u.permute(0, 2, 3, 1, 4, 5).reshape(n, h * w, c * k[0] * k[1])
 
 
 def _conv(module: Any, calls: Calls, want: set[str]) -> Parts:
-    b = calls[0][1].shape[0]
-    nd = calls[0][0].dim() - 2
-    ins = [_conv_input(module, x) for x, _ in calls]
-    gs = [y for _, y in calls]
-    sq = torch.zeros(b, dtype=torch.float64, device=gs[0].device)
-    per: Tensor | None = None
+    k, b = calls[0][1].shape[:2]
+    ins = [_conv_input(module, x.flatten(0, 1)) for x, _ in calls]
+    gs = [y.flatten(0, 1) for _, y in calls]
+    nd = gs[0].dim() - 2
+    w_shape = module.weight.shape
+    if "weight" in want and module.groups == 1 and nd <= 2:
+        u = _cat([_unfold(x, module, p) for x, p in ins], dim=1)
+        g = _cat([y.flatten(2).transpose(1, 2) for y in gs], dim=1)
+        sq, outer = _outer(u, g, want, k)
+
+        def weighted(f: Tensor) -> dict[str, Tensor]:
+            out = outer(f)
+            if "weight" in out:
+                out["weight"] = out["weight"].reshape(k, *w_shape)
+            return out
+
+        return Parts(sq, weighted)
+    grads: dict[str, Tensor] = {}
     if "weight" in want:
-        if module.groups == 1 and nd <= 2:
-            u = _cat([_unfold(x, module, p) for x, p in ins], dim=1)
-            g = _cat([y.flatten(2).transpose(1, 2) for y in gs], dim=1)
-            w_sq, per = _weight_sq(u, g)
-            sq += w_sq
-        else:
-            per = sum(_per_example_conv(module, x, p, y) for (x, p), y in zip(ins, gs))
-            sq += _sumsq(per, 1)
+        per = sum(_per_example_conv(module, x, p, y) for (x, p), y in zip(ins, gs))
+        assert isinstance(per, Tensor)
+        grads["weight"] = per.reshape(k, b, *w_shape)
     if "bias" in want:
-        sq += _sumsq(sum(y.flatten(2).sum(2) for y in gs), 1)
-
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        fs = [y * f.to(y.dtype).view(-1, *([1] * (y.dim() - 1))) for y in gs]
-        out = {}
-        if "weight" in want:
-            if per is not None:
-                w = torch.tensordot(f.to(per.dtype), per, dims=1)
-                out["weight"] = w.reshape(module.weight.shape)
-            else:
-                out["weight"] = sum(_WEIGHT_GRAD[nd](
-                    x, module.weight.shape, fy, module.stride, p, module.dilation, module.groups)
-                    for (x, p), fy in zip(ins, fs))
-        if "bias" in want:
-            out["bias"] = sum(fy.transpose(0, 1).flatten(1).sum(1) for fy in fs)
-        return out
-
-    return Parts(sq, weighted)
+        bias = sum(y.flatten(2).sum(2) for y in gs)
+        assert isinstance(bias, Tensor)
+        grads["bias"] = bias.reshape(k, b, -1)
+    return materialized(grads)
 
 
 def _per_example_conv(module: Any, a: Tensor, padding: tuple[int, ...], g: Tensor) -> Tensor:
-    """``(B, *weight.shape)``: every example's weight gradient from one grouped convolution
-    (examples as ``B * groups`` groups)."""
-    b, nd = a.shape[0], a.dim() - 2
+    """``(n, *weight.shape)``: every example's weight gradient from one grouped convolution
+    (examples as ``n * groups`` groups)."""
+    n, nd = a.shape[0], a.dim() - 2
     w = module.weight.shape
-    gw = _WEIGHT_GRAD[nd](a.reshape(1, -1, *a.shape[2:]), (b * w[0], *w[1:]),
+    gw = _WEIGHT_GRAD[nd](a.reshape(1, -1, *a.shape[2:]), (n * w[0], *w[1:]),
                           g.reshape(1, -1, *g.shape[2:]), module.stride, padding,
-                          module.dilation, module.groups * b)
-    return gw.view(b, *w)
+                          module.dilation, module.groups * n)
+    return gw.view(n, *w)
 
 
 # ------------------------------------------------------------------------------ embedding
 def _embedding(module: nn.Embedding, calls: Calls, want: set[str]) -> Parts:
-    b, v, dim = calls[0][1].shape[0], module.num_embeddings, module.embedding_dim
-    ids = _cat([x.reshape(b, -1) for x, _ in calls], dim=1)
-    g = _cat([y.reshape(b, -1, dim) for _, y in calls], dim=1)
+    k, b = calls[0][1].shape[:2]
+    v, dim = module.num_embeddings, module.embedding_dim
+    ids = _cat([x.reshape(k * b, -1) for x, _ in calls], dim=1)
+    g = _cat([y.reshape(k * b, -1, dim) for _, y in calls], dim=1)
     if module.padding_idx is not None:  # nn.Embedding never updates the padding row
         g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
-    owner = torch.arange(b, device=ids.device).unsqueeze(1).expand_as(ids)
+    owner = torch.arange(k * b, device=ids.device).unsqueeze(1).expand_as(ids)
     keys, inverse = torch.unique(owner * v + ids, return_inverse=True)
-    rows = torch.zeros(keys.shape[0], dim, dtype=torch.float64, device=g.device)
-    rows.index_add_(0, inverse.reshape(-1), g.reshape(-1, dim).to(torch.float64))
-    sq = torch.zeros(b, dtype=torch.float64, device=g.device)
-    sq.index_add_(0, torch.div(keys, v, rounding_mode="floor"), rows.pow(2).sum(1))
+    rows = torch.zeros(keys.shape[0], dim, dtype=g.dtype, device=g.device)
+    rows.index_add_(0, inverse.reshape(-1), g.reshape(-1, dim))
+    sq = torch.zeros(k * b, dtype=torch.float64, device=g.device)
+    sq.index_add_(0, torch.div(keys, v, rounding_mode="floor"), _sumsq(rows, 1))
+    client = torch.div(owner, b, rounding_mode="floor")
 
     def weighted(f: Tensor) -> dict[str, Tensor]:
-        fg = (g * f.to(g.dtype)[:, None, None]).reshape(-1, dim)
-        out = torch.zeros(v, dim, dtype=g.dtype, device=g.device)
-        return {"weight": out.index_add_(0, ids.reshape(-1), fg)}
+        fg = (g * f.to(g.dtype).reshape(-1, 1, 1)).reshape(-1, dim)
+        out = torch.zeros(k * v, dim, dtype=g.dtype, device=g.device)
+        out.index_add_(0, (client * v + ids).reshape(-1), fg)
+        return {"weight": out.reshape(k, v, dim)}
 
-    return Parts(sq, weighted)
+    return Parts(sq.reshape(k, b), weighted)
 
 
 # ------------------------------------------------------------------------------ normalisation
 def _affine(calls: Calls, want: set[str], normalise: Callable[[Tensor], Tensor],
             reduce: Callable[[Tensor], Tensor]) -> Parts:
+    k, b = calls[0][1].shape[:2]
     grads: dict[str, Tensor] = {}
     for x, g in calls:
+        x, g = x.flatten(0, 1), g.flatten(0, 1)
         parts = {}
         if "weight" in want:
             parts["weight"] = reduce(g * normalise(x))
         if "bias" in want:
             parts["bias"] = reduce(g)
         for n, v in parts.items():
+            v = v.reshape(k, b, *v.shape[1:])
             grads[n] = grads[n] + v if n in grads else v
     return materialized(grads)
 

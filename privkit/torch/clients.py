@@ -14,17 +14,22 @@ batched tensor operations (``vmap`` over clients and examples; no Python loop ov
   GaussianDpEvent(z))`` under add/remove of one of its records; with a ledger, each client
   is charged that, on its own entry, before any noise is drawn (all or nothing).
 
-Randomness is per client (:class:`~privkit.torch.ClientStreams`: a client's Poisson
-uniforms and noise depend only on the seed, the round, its key and the step, never on the
-other clients of the batch), or :class:`privkit.SecureRandom` (OS CSPRNG). The same client
-with the same streams trains identically alone (K = 1, e.g. in a Flower ClientApp) and
+Randomness is per client (:class:`~privkit.torch.ClientStreams`: one generator per client,
+seeded from the seed, the round and the client's key; at each of its steps a client draws
+its Poisson uniforms, then its noise, from its own generator, so its draws never depend on
+the other clients of the batch), or :class:`privkit.SecureRandom` (OS CSPRNG). The same
+client with the same streams trains identically alone (K = 1, e.g. in a Flower ClientApp) and
 batched: :meth:`ClientsDpSgd.reference_run` is the one-client-one-example-at-a-time loop the
 batched path is tested against.
 
+Per-example gradients: ghost clipping with the clients under ``vmap`` (:class:`GradMethod`
+``GHOST``, the default), ``vmap`` over the clients of ``vmap(grad)`` over the examples
+(``FUNC``), or a model's own clipped sum (:data:`ClippedSumFn`, e.g. closed-form norms).
+
 Parameters are a dict of ``(K, *shape)`` tensors; their flat layout (each flattened
 row-major, in the dict's order) is the layout of the noise and of a model's own
-``clipped_grad_sum``. The run keeps a float64 master copy of the parameters (noise and update
-in float64); the model's gradients are computed in the parameters' own dtype.
+``clipped_grad_sum``. Gradients, noise and updates are computed in the parameters' dtype (pass
+float64 parameters for float64 arithmetic throughout); the clipping factors in float64.
 """
 
 from __future__ import annotations
@@ -42,15 +47,17 @@ import privkit
 from privkit import _validate
 from privkit._rng import SecureRandom
 from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.torch._ghost import ghost_clients, trace
 from privkit.torch.grads import (
+    GradMethod,
     LossFn,
     check_module,
     clip_factors,
     cross_entropy_per_example,
     func_per_example_grads,
 )
-from privkit.torch.private import step_event
-from privkit.torch.streams import ClientStreams
+from privkit.torch.private import poisson_take, step_event
+from privkit.torch.streams import ClientStreams, client_keys_tensor
 
 __all__ = ["ClientBatch", "LocalSgd", "ClientsDpSgd", "ClippedSumFn", "sampling_rates",
            "steps_for_epochs"]
@@ -61,10 +68,6 @@ ClippedSumFn = Callable[[Tensor, Tensor, Tensor, Callable[[Tensor], Tensor]], Te
 ``theta (K, d)`` flat parameters, ``x (K, B, ...)``, ``y (K, B, ...)``; ``factor(norms)``
 maps the ``(K, B)`` float64 per-example gradient norms to the ``(K, B)`` factors (clip
 factor times the row weight, 0 on filler rows); the result is ``sum_b factor_kb g_kb``."""
-
-#: Elements of draws (uniforms and normals) computed at once, several steps together.
-_DRAW_CHUNK = 1 << 22
-
 
 class ClientBatch(NamedTuple):
     """K clients' records, padded: client i's are rows ``0..sizes[i]-1``.
@@ -158,16 +161,16 @@ class ClientsDpSgd:
     """Record-level DP-SGD of K clients of one module, batched (module docstring).
 
     Args:
-        module: the model; its forward treats examples independently. Per-example gradients
-            come from ``torch.func`` (``vmap`` over clients of ``vmap(grad)`` over examples)
-            unless ``clipped_grad_sum`` is given. May be None with ``clipped_grad_sum``.
+        module: the model; its forward treats examples independently. May be None with
+            ``clipped_grad_sum``.
         l2_clip_norm: C, finite and > 0.
         noise_multiplier: z, noise stddev / C, finite and > 0.
         loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
             cross-entropy).
         clipped_grad_sum: a model's own clipped sum on flat parameters
             (:data:`ClippedSumFn`), e.g. closed-form per-example norms, used instead of
-            ``torch.func``.
+            ``method``.
+        method: :class:`GradMethod` for the module's per-example gradients (module docstring).
 
     Example:
         >>> net = nn.Linear(3, 2)
@@ -186,7 +189,11 @@ class ClientsDpSgd:
 
     def __init__(self, module: nn.Module | None = None, *, l2_clip_norm: float,
                  noise_multiplier: float, loss_fn: LossFn | None = None,
-                 clipped_grad_sum: ClippedSumFn | None = None) -> None:
+                 clipped_grad_sum: ClippedSumFn | None = None,
+                 method: GradMethod = GradMethod.GHOST) -> None:
+        if not isinstance(method, GradMethod):
+            raise InvalidParameterError("method", method, "a privkit.torch.GradMethod")
+        self.method = method
         self.l2_clip_norm = _validate.positive("l2_clip_norm", l2_clip_norm)
         self.noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
         if module is None and clipped_grad_sum is None:
@@ -266,8 +273,7 @@ class ClientsDpSgd:
         q = torch.as_tensor(sampling_rates, dtype=torch.float64).to(dev)
         if q.shape != (k,) or not bool(((q > 0) & (q <= 1)).all()):
             raise InvalidParameterError("sampling_rates", sampling_rates, f"{k} rates in (0, 1]")
-        keys = torch.as_tensor(list(client_keys) if not isinstance(client_keys, Tensor)
-                               else client_keys)
+        keys = client_keys_tensor(client_keys)
         if keys.shape != (k,) or len(set(keys.tolist())) != k:
             raise InvalidParameterError("client_keys", client_keys, f"{k} distinct integers")
         if not isinstance(rng, (ClientStreams, SecureRandom)):
@@ -281,7 +287,7 @@ class ClientsDpSgd:
                 raise InvalidParameterError("anchor", None if anchor is None else list(anchor),
                                             "the global model {name: tensor} (same names "
                                             "as params) when proximal_mu > 0")
-            bar = torch.cat([anchor[nm].reshape(1, -1) for nm in params], 1).to(torch.float64)
+            bar = torch.cat([anchor[nm].reshape(1, -1) for nm in params], 1).to(first.dtype)
         ids = None
         if ledger is not None:
             ids = list(keys.tolist() if client_ids is None else client_ids)
@@ -291,31 +297,50 @@ class ClientsDpSgd:
                     keys=keys, bar=bar, ids=ids)
 
     # ------------------------------------------------------------------ draws
-    def _draws(self, rng: Any, keys: Tensor, steps: list[int], width: int, d: int,
-               dtype: torch.dtype, dev: Any) -> tuple[Tensor, Tensor]:
-        """Uniforms (S, K, width) float64 and standard normals (S, K, d) of these steps."""
-        k = keys.shape[0]
+    @staticmethod
+    def _client_draw(gen: torch.Generator, n: int, q: float, d: int, dtype: torch.dtype
+                     ) -> tuple[Tensor, Tensor]:
+        """One step of one client from its own generator: Poisson inclusion of its n records
+        (rate q), then d standard normals."""
+        take = poisson_take(n, q, gen)
+        return take, torch.randn(d, generator=gen, dtype=dtype, device=gen.device)
+
+    def _draws(self, rng: Any, gens: list[torch.Generator] | None, active: list[int],
+               c: dict[str, Any], width: int, d: int, stddev: float) -> tuple[Tensor, Tensor]:
+        """(K, width) inclusion and (K, d) noise ``N(0, stddev^2)`` (parameters' dtype) of one
+        step; rows of inactive clients are False / 0 (nothing drawn for them)."""
+        k, dev, n, q = c["k"], c["dev"], c["n_list"], c["q_list"]
         if isinstance(rng, SecureRandom):
-            u = np.asarray(rng.uniform((len(steps), k, width)))
-            z = np.asarray(rng.gaussian(1.0, (len(steps), k, d)))
-            return (torch.from_numpy(u).to(dev),
-                    torch.from_numpy(z).to(device=dev, dtype=torch.float64))
-        s = torch.tensor(steps, dtype=torch.int64)
-        return (rng.uniforms(keys, s, width, device=dev),
-                rng.normals(keys, s, d, dtype=dtype, device=dev))
+            u = torch.from_numpy(np.asarray(rng.uniform((k, width)))).to(dev)
+            z = torch.from_numpy(np.asarray(rng.gaussian(stddev, (k, d)))).to(dev, c["dtype"])
+            return (u < c["q"][:, None]) & c["mask"], z
+        assert gens is not None
+        take = torch.zeros(k, width, dtype=torch.bool, device=dev)
+        z = torch.zeros(k, d, dtype=c["dtype"], device=dev)
+        for i in active:
+            take[i, :n[i]], z[i] = self._client_draw(gens[i], n[i], q[i], d, c["dtype"])
+        return take, z.mul_(stddev)
 
     # ------------------------------------------------------------------ gradients
-    def _clipped(self, theta: Tensor, shapes: Mapping[str, tuple[int, ...]], x: Tensor,
-                 y: Tensor, w: Tensor) -> Tensor:
+    def _clipped(self, theta: Tensor, c: dict[str, Any], x: Tensor, y: Tensor, w: Tensor
+                 ) -> Tensor:
         """(K, d): clipped per-example gradient sums of the rows (weights w) per client."""
-        dtype = theta.dtype
+        dtype, shapes = theta.dtype, c["shapes"]
 
         def factor(norms: Tensor) -> Tensor:
             return clip_factors(norms, self.l2_clip_norm, dtype, w)
 
         if self._own is not None:
             return self._own(theta, x, y, factor)
-        return self.func_clipped_grad_sum(theta, x, y, factor, shapes)
+        if self.method is GradMethod.FUNC:
+            return self.func_clipped_grad_sum(theta, x, y, factor, shapes)
+        assert self.module is not None
+        sq, weighted = ghost_clients(self.module, _unflatten(theta, shapes), c["rest"], x, y,
+                                     self.loss_fn, c["trace"])
+        summed = weighted(factor(sq.sqrt()))
+        k = theta.shape[0]
+        return torch.cat([summed[n].reshape(k, -1) if n in summed
+                          else theta.new_zeros(k, math.prod(s)) for n, s in shapes.items()], 1)
 
     def func_clipped_grad_sum(self, theta: Tensor, x: Tensor, y: Tensor,
                               factor: Callable[[Tensor], Tensor],
@@ -367,32 +392,43 @@ class ClientsDpSgd:
         c = self._setup(params, data, steps, sampling_rates, client_keys, rng, update,
                         anchor, ledger, client_ids)
         k, dev, dtype = c["k"], c["dev"], c["dtype"]
-        theta = _flatten(params, k).to(torch.float64)
+        theta = _flatten(params, k).clone()
         d = theta.shape[1]
         x, y = data.x.to(dev), data.y.to(dev)
         if x.is_floating_point():
             x = x.to(dtype)
         width = x.shape[1]
-        mask = torch.arange(width, device=dev)[None, :] < c["n"][:, None]
+        c["mask"] = torch.arange(width, device=dev)[None, :] < c["n"][:, None]
+        self._prepare(c, x, y)
         q, n, s_i = c["q"], c["n"], c["steps"]
-        expected = (q * n.to(torch.float64))[:, None]
+        expected = (q * n.to(torch.float64))[:, None].to(dtype)
         stddev = self.noise_multiplier * self.l2_clip_norm
         if ledger is not None:
             self._charge(ledger, c["ids"], q, s_i, label, round)
+        gens = (None if isinstance(rng, SecureRandom)
+                else rng.generators(c["keys"], device=dev))
         buf = torch.zeros_like(theta)
-        total = int(s_i.max()) if k else 0
-        chunk = max(1, min(total, _DRAW_CHUNK // max(1, k * (width + d))))
         ar = torch.arange(k, device=dev)[:, None]
-        for start in range(0, total, chunk):
-            steps_here = list(range(start, min(total, start + chunk)))
-            us, zs = self._draws(rng, c["keys"], steps_here, width, d, dtype, dev)
-            for j, s in enumerate(steps_here):
-                rows, w = _poisson_rows((us[j] < q[:, None]) & mask, mask)
-                summed = self._clipped(theta.to(dtype), c["shapes"], x[ar, rows], y[ar, rows], w)
-                g = (summed.to(torch.float64) + zs[j].to(torch.float64) * stddev) / expected
-                theta = _apply(update, theta, g, buf, c["bar"], s_i > s)
-        out = _unflatten(theta.to(dtype), c["shapes"])
-        return {nm: v.clone() for nm, v in out.items()}
+        todo = s_i.tolist()
+        for s in range(max(todo) if k else 0):
+            active = [i for i in range(k) if todo[i] > s]
+            take, z = self._draws(rng, gens, active, c, width, d, stddev)
+            rows, w = _poisson_rows(take, c["mask"])
+            g = self._clipped(theta, c, x[ar, rows], y[ar, rows], w).add_(z).div_(expected)
+            _apply(update, theta, g, buf, c["bar"], None if len(active) == k else s_i > s)
+        return {nm: v.clone() for nm, v in _unflatten(theta, c["shapes"]).items()}
+
+    def _prepare(self, c: dict[str, Any], x: Tensor, y: Tensor) -> None:
+        """What every step reuses: the fixed parameters and buffers, the ghost trace."""
+        c["n_list"], c["q_list"] = c["n"].tolist(), c["q"].tolist()
+        c["rest"], c["trace"] = {}, None
+        if self.module is not None:
+            c["rest"] = {n: p.detach() for n, p in self.module.named_parameters()
+                         if not p.requires_grad}
+            c["rest"].update(dict(self.module.named_buffers()))
+        if self._own is None and self.method is GradMethod.GHOST and c["k"]:
+            assert self.module is not None
+            c["trace"] = trace(self.module, x[0, :1], y[0, :1], self.loss_fn)
 
     @torch.no_grad()
     def reference_run(self, params: Mapping[str, Tensor], data: ClientBatch, *, steps: Any,
@@ -401,35 +437,37 @@ class ClientsDpSgd:
                       ) -> dict[str, Tensor]:
         """:meth:`run` one client, one step and one example at a time (per-example autograd,
         or the model's own ``clipped_grad_sum`` on one example): the reference the batched
-        path is tested against. It draws the same numbers (:class:`ClientStreams`)."""
+        path is tested against. It draws the same numbers (:class:`ClientStreams`: each
+        client's own generator, consumed in the same order)."""
         if not isinstance(rng, ClientStreams):
             raise InvalidParameterError("rng", rng, "a ClientStreams (reproducible draws)")
         c = self._setup(params, data, steps, sampling_rates, client_keys, rng, update,
                         anchor, None, None)
         k, dev, dtype, shapes = c["k"], c["dev"], c["dtype"], c["shapes"]
-        theta = _flatten(params, k).to(torch.float64)
+        theta = _flatten(params, k).clone()
         d = theta.shape[1]
         stddev = self.noise_multiplier * self.l2_clip_norm
         out = []
         for i in range(k):
-            key, n_i, q_i = [int(c["keys"][i])], int(c["n"][i]), float(c["q"][i])
-            th, buf = theta[i:i + 1].clone(), torch.zeros(1, d, dtype=torch.float64, device=dev)
-            for s in range(int(c["steps"][i])):
-                u, z = self._draws(rng, torch.tensor(key), [s], n_i, d, dtype, dev)
-                total = torch.zeros(d, dtype=torch.float64, device=dev)
+            n_i, q_i = int(c["n"][i]), float(c["q"][i])
+            gen = rng.generators(c["keys"][i:i + 1], device=dev)[0]
+            th, buf = theta[i:i + 1].clone(), torch.zeros(1, d, dtype=dtype, device=dev)
+            for _ in range(int(c["steps"][i])):
+                take, z = self._client_draw(gen, n_i, q_i, d, dtype)
+                total = torch.zeros(d, dtype=dtype, device=dev)
                 for j in range(n_i):
-                    if not float(u[0, 0, j]) < q_i:
+                    if not bool(take[j]):
                         continue
                     xj = data.x[i, j].to(dev)
                     xj = xj.to(dtype) if xj.is_floating_point() else xj
-                    gj = self._one_example(th.to(dtype), shapes, xj, data.y[i, j].to(dev))
+                    gj = self._one_example(th, shapes, xj, data.y[i, j].to(dev))
                     f = clip_factors(torch.linalg.vector_norm(gj.to(torch.float64))[None],
                                      self.l2_clip_norm, dtype)
-                    total += (gj * f.to(dtype)).to(torch.float64)
-                g = (total + z[0, 0].to(torch.float64) * stddev) / (q_i * n_i)
-                th = _apply(update, th, g[None], buf, c["bar"], torch.ones(1, dtype=torch.bool))
+                    total += gj * f.to(dtype)
+                g = (total + z * stddev) / (q_i * n_i)
+                _apply(update, th, g[None], buf, c["bar"], None)
             out.append(th)
-        res = _unflatten(torch.cat(out).to(dtype), shapes)
+        res = _unflatten(torch.cat(out), shapes)
         return {nm: v.clone() for nm, v in res.items()}
 
     def _one_example(self, theta: Tensor, shapes: Mapping[str, tuple[int, ...]], x: Tensor,
@@ -453,10 +491,14 @@ class ClientsDpSgd:
 
 
 def _apply(update: LocalSgd, theta: Tensor, g: Tensor, buf: Tensor, bar: Tensor | None,
-           active: Tensor) -> Tensor:
-    """One :class:`LocalSgd` step of the active clients (``buf`` updated in place)."""
+           active: Tensor | None) -> None:
+    """One :class:`LocalSgd` step, in place, of the active clients (all if None)."""
     if update.proximal_mu:
-        g = g + update.proximal_mu * (theta - bar)
-    a = active.to(theta.device)[:, None]
-    buf.copy_(torch.where(a, update.momentum * buf + g, buf))
-    return torch.where(a, theta - update.lr * buf, theta)
+        g = g.add_(theta - bar, alpha=update.proximal_mu)
+    if active is None:
+        buf.mul_(update.momentum).add_(g)
+        theta.sub_(buf, alpha=update.lr)
+        return
+    a = active.to(theta.device)[:, None]  # the same arithmetic as above, on the active rows
+    buf.copy_(torch.where(a, (buf * update.momentum).add_(g), buf))
+    theta.copy_(torch.where(a, theta.sub(buf, alpha=update.lr), theta))

@@ -25,21 +25,20 @@ holds it (a parameter shared by two modules, or used by another module's forward
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.graph import get_gradient_edge
-from torch.func import functional_call, grad, vjp, vmap
+from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privkit import _validate
 from privkit.errors import InvalidParameterError
-from privkit.torch._layers import RULES, Parts, materialized
+from privkit.torch._ghost import ghost
+from privkit.torch._layers import materialized
 
 __all__ = ["GradMethod", "ClippedGradSum", "check_module", "per_example_grads",
            "per_example_norms", "clipped_grad_sum", "clip_factors", "cross_entropy_per_example"]
@@ -209,162 +208,6 @@ def per_example_grads(module: nn.Module, inputs: Any, targets: Any, *,
                                   loss_fn or cross_entropy_per_example, _rest(module))
 
 
-# ------------------------------------------------------------------------------ ghost path
-@dataclass
-class _Call:
-    """One call of a planned module: its inputs, and the gradient edges of the output leaves
-    that require grad (positions ``pos`` among the output's pytree leaves)."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    edges: list[Any]
-    pos: list[int]
-    outs: list[Tensor]  # the output leaves at ``pos`` (shapes, dtypes; not modified)
-
-
-@dataclass
-class _Entry:
-    qual: str
-    module: nn.Module
-    own: dict[str, nn.Parameter]
-    calls: list[_Call]
-
-    @property
-    def label(self) -> str:
-        return f"module {self.qual or type(self.module).__name__!r}"
-
-
-def _plan(module: nn.Module) -> list[_Entry]:
-    seen: dict[int, str] = {}
-    plan = []
-    for qual, m in module.named_modules():
-        own = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
-        for n, p in own.items():
-            full = f"{qual}.{n}" if qual else n
-            if id(p) in seen:
-                raise InvalidParameterError(
-                    f"parameter {full!r}", f"shared with {seen[id(p)]!r}",
-                    "used by one module only for method=GradMethod.GHOST (use GradMethod.FUNC)")
-            seen[id(p)] = full
-        if own:
-            plan.append(_Entry(qual, m, own, []))
-    return plan
-
-
-@contextmanager
-def _recording(plan: list[_Entry]) -> Iterator[None]:
-    """Record every call of the planned modules (inputs, output gradient edges) while the
-    context is open; the hooks are removed when it closes."""
-
-    def hook_for(entry: _Entry) -> Callable[..., None]:
-        def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-            leaves = tree_flatten(out)[0]
-            pos = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
-            entry.calls.append(_Call(args, kwargs, [get_gradient_edge(leaves[i]) for i in pos],
-                                     pos, [leaves[i] for i in pos]))
-        return hook
-
-    handles = [e.module.register_forward_hook(hook_for(e), with_kwargs=True) for e in plan]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _fallback(entry: _Entry, calls: list[tuple[_Call, list[Tensor | None]]], b: int) -> Parts:
-    """Per-example gradients of one module's own parameters by ``vmap`` of ``vjp``."""
-    own = {n: p.detach() for n, p in entry.own.items()}
-    total: dict[str, Tensor] = {}
-    mod = entry.module
-    for call, gs in calls:
-        leaves, in_spec = tree_flatten((call.args, call.kwargs))
-        dims = [0 if isinstance(x, Tensor) and x.dim() and x.shape[0] == b else None
-                for x in leaves]
-        leaves = [x.detach() if isinstance(x, Tensor) else x for x in leaves]
-        cot = [g if g is not None else torch.zeros_like(o) for o, g in zip(call.outs, gs)]
-        pos = call.pos
-
-        def one(p: dict[str, Tensor], xs: list[Any], g1: list[Tensor],
-                _dims: list[Any] = dims, _spec: Any = in_spec, _pos: list[int] = pos,
-                _mod: nn.Module = mod) -> dict[str, Tensor]:
-            xs = [x.unsqueeze(0) if d == 0 else x for x, d in zip(xs, _dims)]
-            a, kw = tree_unflatten(xs, _spec)
-
-            def f(q: dict[str, Tensor]) -> tuple[Tensor, ...]:
-                out = tree_flatten(functional_call(_mod, q, tuple(a), kw))[0]
-                return tuple(out[i] for i in _pos)
-
-            _, pull = vjp(f, p)
-            return pull(tuple(g.unsqueeze(0) for g in g1))[0]
-
-        try:
-            with torch.no_grad():  # torch.func differentiates; nothing else records a graph
-                per = vmap(one, in_dims=(None, dims, 0))(own, leaves, cot)
-        except RuntimeError as err:
-            raise InvalidParameterError(
-                entry.label, type(entry.module).__name__,
-                f"a module torch.func can take per-example gradients of ({err}); "
-                "use method=GradMethod.FUNC or another layer") from err
-        for n, v in per.items():
-            total[n] = total[n] + v if n in total else v
-    return materialized(total)
-
-
-def _ghost(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: LossFn,
-           b: int) -> tuple[Tensor, Callable[[Tensor], dict[str, Tensor]]]:
-    """Per-example squared norms (B,) and the weighted sum ``f -> {name: sum_i f_i g_i}``."""
-    plan = _plan(module)
-    with _recording(plan), torch.enable_grad():
-        losses = loss_fn(module(*inputs), targets)
-    if not (isinstance(losses, Tensor) and losses.shape == (b,)):
-        raise InvalidParameterError("loss_fn", getattr(losses, "shape", losses),
-                                    f"per-example losses of shape ({b},) (reduction='none')")
-    edges = [e for entry in plan for call in entry.calls for e in call.edges]
-    unused = [(entry, n, p) for entry in plan if not entry.calls for n, p in entry.own.items()]
-    found = torch.autograd.grad(losses.sum(), edges + [p for _, _, p in unused],
-                                allow_unused=True) if edges or unused else ()
-    for (entry, n, _), g in zip(unused, found[len(edges):]):
-        if g is not None:
-            full = f"{entry.qual}.{n}" if entry.qual else n
-            raise InvalidParameterError(
-                f"parameter {full!r}", "used outside the forward of the module holding it",
-                "used by its own module only for method=GradMethod.GHOST "
-                "(use GradMethod.FUNC)")
-    it = iter(found[:len(edges)])
-    parts: list[tuple[_Entry, Parts]] = []
-    for entry in plan:
-        calls = [(call, [next(it) for _ in call.edges]) for call in entry.calls]
-        for call, _ in calls:
-            for o in call.outs:
-                if o.dim() == 0 or o.shape[0] != b:
-                    raise InvalidParameterError(
-                        entry.label, f"an output of shape {tuple(o.shape)}",
-                        f"per-example outputs with a leading batch dimension {b} for "
-                        "method=GradMethod.GHOST (use GradMethod.FUNC)")
-        calls = [(c, gs) for c, gs in calls if any(g is not None for g in gs)]
-        if not calls:
-            continue
-        rule = RULES.get(type(entry.module))
-        if rule is not None:
-            pairs = [(c.args[0].detach(), gs[0]) for c, gs in calls]
-            parts.append((entry, rule(entry.module, pairs, set(entry.own))))
-        else:
-            parts.append((entry, _fallback(entry, calls, b)))
-    sq = torch.zeros(b, dtype=torch.float64, device=losses.device)
-    for _, p in parts:
-        sq = sq + p.sq
-
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for entry, p in parts:
-            for n, v in p.weighted(f).items():
-                out[f"{entry.qual}.{n}" if entry.qual else n] = v
-        return out
-
-    return sq, weighted
-
-
 # ------------------------------------------------------------------------------ public
 def _setup(module: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None,
            method: Any) -> tuple[tuple[Any, ...], int, LossFn, GradMethod]:
@@ -379,11 +222,15 @@ def _sq_and_weighted(module: nn.Module, xs: tuple[Any, ...], targets: Any, loss_
                      b: int, method: GradMethod
                      ) -> tuple[Tensor, Callable[[Tensor], dict[str, Tensor]]]:
     if method is GradMethod.GHOST:
-        return _ghost(module, xs, targets, loss_fn, b)
+        return ghost(module, xs, targets, loss_fn, b)
     params = {n: p.detach() for n, p in _trainable(module).items()}
-    parts = materialized(func_per_example_grads(module, params, xs, targets, loss_fn,
-                                                _rest(module)))
-    return parts.sq, parts.weighted
+    per = func_per_example_grads(module, params, xs, targets, loss_fn, _rest(module))
+    parts = materialized({n: v.unsqueeze(0) for n, v in per.items()})
+
+    def weighted(f: Tensor) -> dict[str, Tensor]:
+        return {n: v[0] for n, v in parts.weighted(f.unsqueeze(0)).items()}
+
+    return parts.sq[0], weighted
 
 
 def per_example_norms(module: nn.Module, inputs: Any, targets: Any, *,

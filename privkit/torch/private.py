@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 import privkit
 from privkit import _validate
@@ -186,9 +186,16 @@ class DpSgd:
         self.steps_per_epoch = math.ceil(self.dataset_size / self.expected_batch_size)
         sampler = PoissonBatchSampler(n, self.sampling_probability, self.steps_per_epoch,
                                       generator=generator)
-        self.loader = DataLoader(dataset, batch_sampler=sampler,
-                                 collate_fn=_Collate(collate_fn or _default_collate(), dataset),
-                                 num_workers=num_workers)
+        default = collate_fn is None or collate_fn is _default_collate()
+        if isinstance(dataset, TensorDataset) and default:
+            # a TensorDataset indexes a whole batch at once (an empty one too): no per-record
+            # fetch and collate
+            self.loader = DataLoader(dataset, sampler=sampler, batch_size=None,
+                                     num_workers=num_workers)
+        else:
+            self.loader = DataLoader(
+                dataset, batch_sampler=sampler, num_workers=num_workers,
+                collate_fn=_Collate(collate_fn or _default_collate(), dataset))
         self.steps = 0
         self._prepaid = 0
 

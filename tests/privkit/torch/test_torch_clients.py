@@ -57,11 +57,44 @@ def _close(a, b, **tol):
         torch.testing.assert_close(a[n], b[n], **tol)
 
 
+class _Scaled(nn.Module):
+    """Its own parameter around a child: the torch.func fallback inside the client vmap."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(5))
+        self.inner = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.inner(torch.tanh(x * self.scale))
+
+
+def _models():
+    return {
+        "cnn": lambda: nn.Sequential(nn.Unflatten(1, (1, 5)), nn.Conv1d(1, 4, 3, padding=1),
+                                     nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(),
+                                     nn.LayerNorm(20), nn.Linear(20, 3)),
+        "custom": lambda: nn.Sequential(_Scaled(), nn.ReLU(), nn.Linear(3, 3)),
+    }
+
+
+@pytest.mark.parametrize("method", [pt.GradMethod.GHOST, pt.GradMethod.FUNC])
+@pytest.mark.parametrize("name", ["cnn", "custom"])
+def test_batched_clients_equal_the_loop_for_other_layers(name, method):
+    torch.manual_seed(0)
+    net = _models()[name]().double()
+    params, data = _stack(net, K), _data()
+    dp = pt.ClientsDpSgd(net, l2_clip_norm=0.3, noise_multiplier=0.8, method=method)
+    _close(dp.run(params, data, **_kw(net)), dp.reference_run(params, data, **_kw(net)),
+           rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", [pt.GradMethod.GHOST, pt.GradMethod.FUNC])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_batched_clients_equal_the_per_client_loop(dtype):
+def test_batched_clients_equal_the_per_client_loop(dtype, method):
     net = _mlp(dtype)
     params, data = _stack(net, K), _data(dtype)
-    dp = pt.ClientsDpSgd(net, l2_clip_norm=0.5, noise_multiplier=0.8)
+    dp = pt.ClientsDpSgd(net, l2_clip_norm=0.5, noise_multiplier=0.8, method=method)
     a = dp.run(params, data, **_kw(net))
     b = dp.reference_run(params, data, **_kw(net))
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
@@ -139,10 +172,15 @@ class _Log:
         self.events = []
 
 
-class _SpyStreams(pt.ClientStreams):
-    def normals(self, client_keys, step, d, **kw):
-        _SpyStreams.log.events.append(("noise", len(client_keys)))
-        return super().normals(client_keys, step, d, **kw)
+def _spy_draws(monkeypatch, log):
+    """Log every client's draw of a step (its Poisson uniforms, then its noise)."""
+    real = pt.ClientsDpSgd._client_draw
+
+    def draw(gen, n, q, d, dtype):
+        log.events.append(("noise", n))
+        return real(gen, n, q, d, dtype)
+
+    monkeypatch.setattr(pt.ClientsDpSgd, "_client_draw", staticmethod(draw))
 
 
 class _SpyLedger:
@@ -158,17 +196,17 @@ class _SpyLedger:
         return self.real.spend(ids, event, count=count, **kw)
 
 
-def test_each_client_is_charged_its_own_steps_before_any_noise():
+def test_each_client_is_charged_its_own_steps_before_any_noise(monkeypatch):
     log = _Log()
-    _SpyStreams.log = log
+    _spy_draws(monkeypatch, log)
     net = _mlp()
     ledger = _SpyLedger(log)
     q = pt.sampling_rates(SIZES, 6)
     ids = ["a", "b", "c", "d", "e"]
     dp = pt.ClientsDpSgd(net, l2_clip_norm=0.5, noise_multiplier=0.8)
-    dp.run(_stack(net, K), _data(), **_kw(net, rng=_SpyStreams(seed=1)), ledger=ledger,
-           client_ids=ids, round=7)
+    dp.run(_stack(net, K), _data(), **_kw(net), ledger=ledger, client_ids=ids, round=7)
     kinds = [e[0] for e in log.events]
+    assert kinds.count("noise") == int(STEPS.sum())  # one draw per client and step
     first_noise = kinds.index("noise")
     assert kinds[:first_noise] == ["charge"] * 4 and "charge" not in kinds[first_noise:]
     charged = {i: (ev, c) for _, grp, ev, c in log.events[:first_noise] for i in grp}
@@ -183,14 +221,14 @@ def test_each_client_is_charged_its_own_steps_before_any_noise():
             assert eps[cid] == pytest.approx(want, rel=1e-9)
 
 
-def test_over_budget_nothing_is_charged_or_trained():
+def test_over_budget_nothing_is_charged_or_trained(monkeypatch):
     log = _Log()
-    _SpyStreams.log = log
+    _spy_draws(monkeypatch, log)
     net = _mlp()
     ledger = _SpyLedger(log, budget=1.0)
     dp = pt.ClientsDpSgd(net, l2_clip_norm=0.5, noise_multiplier=0.8)
     with pytest.raises(BudgetExceededError, match="nothing was charged"):
-        dp.run(_stack(net, K), _data(), **_kw(net, rng=_SpyStreams(seed=1)), ledger=ledger)
+        dp.run(_stack(net, K), _data(), **_kw(net), ledger=ledger)
     assert log.events == [] and ledger.real.epsilons() == {}
 
 

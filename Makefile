@@ -49,6 +49,7 @@ soak: $(FULL)
 bench: $(BENCH)
 	$(PY) bench/accounting.py
 	$(PY) bench/imports.py
+	$(PY) bench/private_round.py
 	$(PY) bench/mechanisms.py
 	$(PY) bench/secure.py
 	$(PY) bench/trainers.py

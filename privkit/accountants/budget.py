@@ -21,17 +21,21 @@ two questions about states:
      composition that contains the new one (every atom at least as often) and whose tight
      epsilon was found to be within the budget. Epsilon only grows when events are added, so
      both bound the new state's epsilon. They settle the question when they are at most
-     ``(1 - MARGIN)`` times the budget: the tight methods (privkit's PLD, dp-accounting's PLD,
-     optimal pure composition) are within about 1e-5 of the exact epsilon, so a bound that
-     far below the budget cannot hide a tight price above it.
+     ``(1 - MARGIN)`` times the budget. Every accepted charge then has a valid upper bound
+     within the budget; and the tight price P, an upper bound at most a relative ``e`` above
+     the exact epsilon, is at most ``(1 + e)`` times any valid bound, so it is within the
+     budget too while ``e <= MARGIN / (1 - MARGIN)``, about 1e-4: privkit's PLD is planned for
+     ``e`` of 5e-6 (:data:`privkit.accountants.fftpld.RELATIVE_ERROR`), dp-accounting's PLD at
+     1e-4 and optimal pure composition are as close, so a bound that far below the budget
+     cannot hide a tight price above it.
   3. **Near the budget** (a state whose bounds are above ``(1 - MARGIN)`` times the budget),
      one look ahead is priced: the new state plus ``k`` more uses of the charged event
      (``k`` the number of uses already there at first, then doubled while it passes, and cut
      to an estimate of the remaining room when it fails). When its tight epsilon is within
      ``(1 - MARGIN)`` of the budget it covers the next ``k`` charges; otherwise the new state
-     itself is priced, which decides exactly. Within ``MARGIN`` of the budget (the last ~0.2%
+     itself is priced, which decides exactly. Within ``MARGIN`` of the budget (the last ~0.02%
      of a run that ends at its budget, when epsilon grows like the square root of the number
-     of charges) every new state is priced.
+     of charges, and at least the charge that is refused) every new state is priced.
 
 So a charge costs O(1) amortised: no pricing at all far from the budget, O(log T) pricings
 on the way to it, and tight pricing only in the last stretch.
@@ -61,7 +65,7 @@ __all__ = ["MARGIN", "States"]
 
 #: A bound (or a covering state's tight epsilon) decides "within budget" only when it is at
 #: most ``(1 - MARGIN)`` times the budget (module doc).
-MARGIN = 1e-3
+MARGIN = 1e-4
 _EMPTY = Composition(())
 _CHEAP = frozenset({Method.EXACT, Method.MOMENTS, Method.BASIC, Method.ADVANCED, Method.RDP})
 

@@ -18,6 +18,7 @@ import numpy as np
 
 import privkit
 from fl_examples.core.asyncsim import Schedule
+from fl_examples.core.dp_modes import replace_one_epsilons
 from fl_examples.core.dpsgd import DpSgdSettings, round_event
 from fl_examples.core.run import open_ledger
 from fl_examples.mapa.config import MapaConfig
@@ -305,6 +306,10 @@ def _gaussian_section(run: Any, per_edge: np.ndarray, uploads: np.ndarray) -> di
                          "Gaussian, composed with privkit's PLD",
         "proven": True,
     }
+    # the edges' record counts n_k are public (they set q_k): replace-one keeps them fixed
+    ro = replace_one_epsilons(run.ledger, [str(k) for k in range(cfg.edges)], cfg.delta)
+    out["epsilon_replace_one_mean"] = float(ro.mean())
+    out["epsilon_replace_one_max"] = float(ro.max())
     if run.calibration is not None:
         out["calibrated"] = run.calibration
     if run.stopped and run.events_done == run.end and run.end < run.sched.num_events:

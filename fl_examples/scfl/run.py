@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 
 import privkit
-from fl_examples.core.dp_modes import charge_entries, epsilon_section, grouped
+from fl_examples.core.dp_modes import (
+    charge_entries,
+    epsilon_section,
+    grouped,
+    replace_one_epsilons,
+)
 from fl_examples.core.privacy import BudgetStop
 from fl_examples.core.release import Publication
 from fl_examples.core.run import (
@@ -473,6 +478,9 @@ def _gradient_privacy(run: _Run) -> dict[str, Any]:
                         "(amplification used)", "add or remove one record",
                         "covers the per-epoch gradients only; the coded upload is priced "
                         "separately in MI-DP (the two are not combined)"]}
+    ro = replace_one_epsilons(run.ledger, ids, out["delta"])  # l_i public: replace-one
+    out["epsilon_replace_one_mean"] = float(ro.mean())
+    out["epsilon_replace_one_max"] = float(ro.max())
     if run.dp.calibrated is not None:
         out["calibrated"] = run.dp.calibrated
     return out

@@ -48,6 +48,7 @@ __all__ = [
     "epsilon_batch",
     "epsilon_batch_compositions",
     "auto_prefers_pld",
+    "unsupported",
     "Accountant",
     "AUTO_PLD_MAX_EPSILON",
 ]
@@ -207,6 +208,49 @@ def _check_relation(comp: Composition, relation: Any) -> None:
         why = rules.relation_error(atom, relation)
         if why is not None:
             raise UnsupportedEventError(why)
+
+
+def unsupported(comp: Composition, method: Method, relation: Any) -> str | None:
+    """Why ``method`` cannot price ``comp`` under ``relation``, from the event types alone
+    (nothing is priced: an event whose parameters are too extreme for the method is found
+    only when it is priced); None if it can.
+    """
+    for atom, _ in comp.atoms:
+        why = rules.relation_error(atom, relation)
+        if why is not None:
+            return why
+    if comp.non_private or comp.empty:
+        return None
+    rho, pure_ok, fft = (_rho_total(comp) is not None, _pure_terms(comp) is not None,
+                         _fft_atoms(comp) is not None)
+    if method in (Method.EXACT, Method.MOMENTS):
+        ok = rho
+    elif method in (Method.OPTIMAL, Method.ADVANCED, Method.BASIC):
+        ok = pure_ok
+    elif method is Method.PLD_FFT:
+        ok = fft
+    elif method is Method.RDP:
+        ok = all(_has_rdp(a, relation) for a, _ in comp.atoms)
+    elif method is Method.PLD:
+        ok = all(_has_pld(a) for a, _ in comp.atoms)
+    else:  # AUTO: any of its candidates
+        ok = rho or pure_ok or fft or all(_has_rdp(a, relation) for a, _ in comp.atoms) \
+            or all(_has_pld(a) for a, _ in comp.atoms)
+    return None if ok else f"method {method.value!r} has no rule for this event"
+
+
+def _has_rdp(atom: Any, relation: Any) -> bool:
+    if rules.rdp_curve.dispatch(type(atom)) is not rules.rdp_curve.dispatch(object):
+        return True
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    return bool(rdp_privacy_accountant.RdpAccountant([2.0], relation).supports(atom))
+
+
+def _has_pld(atom: Any) -> bool:
+    if isinstance(atom, dp_event.PoissonSampledDpEvent):
+        return isinstance(atom.event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent))
+    return rules.pld_of.dispatch(type(atom)) is not rules.pld_of.dispatch(object)
 
 
 def _rdp_total(comp: Composition, relation: Any) -> np.ndarray:

@@ -25,9 +25,10 @@ two questions about states:
      within the budget; and the tight price P, an upper bound at most a relative ``e`` above
      the exact epsilon, is at most ``(1 + e)`` times any valid bound, so it is within the
      budget too while ``e <= MARGIN / (1 - MARGIN)``, about 1e-4: privkit's PLD is planned for
-     ``e`` of 5e-6 (:data:`privkit.accountants.fftpld.RELATIVE_ERROR`), dp-accounting's PLD at
-     1e-4 and optimal pure composition are as close, so a bound that far below the budget
-     cannot hide a tight price above it.
+     ``e`` of 5e-6 (:data:`privkit.accountants.fftpld.RELATIVE_ERROR`) and the exact values
+     and optimal pure composition are closer, so a bound that far below the budget cannot
+     hide a tight price above it. Where the tight price may be dp-accounting's PLD, which
+     ``auto`` lets err by a modelled 2e-4, the margin is ``LOOSE_MARGIN`` (1e-3).
   3. **Near the budget** (a state whose bounds are above ``(1 - MARGIN)`` times the budget),
      one look ahead is priced: the new state plus ``k`` more uses of the charged event
      (``k`` the number of uses already there at first, then doubled while it passes, and cut
@@ -52,20 +53,23 @@ import numpy as np
 from privkit.accountants import rdp
 from privkit.accountants.accountant import (
     Method,
-    _check_relation,
     _fft_atoms,
     _rdp_total,
     _rho_total,
     epsilon_batch_compositions,
+    unsupported,
 )
 from privkit.accountants.rules import Composition
-from privkit.errors import NumericalError, PrivkitError
+from privkit.errors import NumericalError, PrivkitError, UnsupportedEventError
 
-__all__ = ["MARGIN", "States"]
+__all__ = ["MARGIN", "LOOSE_MARGIN", "States"]
 
 #: A bound (or a covering state's tight epsilon) decides "within budget" only when it is at
-#: most ``(1 - MARGIN)`` times the budget (module doc).
+#: most ``(1 - MARGIN)`` times the budget (module doc), when the tight price is privkit's PLD,
+#: an exact value or optimal composition; ``LOOSE_MARGIN`` when it may be dp-accounting's PLD
+#: (``auto`` allows that one a modelled 2e-4 of discretisation error).
 MARGIN = 1e-4
+LOOSE_MARGIN = 1e-3
 _EMPTY = Composition(())
 _CHEAP = frozenset({Method.EXACT, Method.MOMENTS, Method.BASIC, Method.ADVANCED, Method.RDP})
 
@@ -102,19 +106,16 @@ class States:
     def add_delta(self, comp: Composition, *, check: bool = True) -> int:
         """Register what one charge adds; returns its delta id.
 
-        With ``check``, refuses a composition the method cannot price, without pricing any
-        history: the relation is checked, and the composition itself is priced once unless
-        it is one that ``auto`` always prices (Gaussian, Poisson-subsampled Gaussian and pure
-        steps).
+        With ``check``, refuses a composition the method has no rule for (by the event types:
+        nothing is priced).
 
         Raises:
             UnsupportedEventError: the method cannot price ``comp``.
         """
-        if check and not comp.non_private and not comp.empty:
-            _check_relation(comp, self.relation)
-            if not (self.method is Method.AUTO and (_fft_atoms(comp) is not None
-                                                    or _rho_total(comp) is not None)):
-                epsilon_batch_compositions([comp], self.delta, self.method, self.relation)
+        if check:
+            why = unsupported(comp, self.method, self.relation)
+            if why is not None:
+                raise UnsupportedEventError(why)
         self.deltas.append(comp)
         return len(self.deltas) - 1
 
@@ -180,7 +181,7 @@ class States:
             return False
         if state in self._eps or self._cheap(comp):
             return self._price(state) <= budget
-        far = budget * (1 - MARGIN)
+        far = budget * (1 - self._margin(comp))
         cover = self._cover.get(before)
         if cover is not None and self._contains(cover, comp):
             self._cover[state] = cover
@@ -215,6 +216,12 @@ class States:
         else:
             self._hint[state] = 0 if e > far else 1
         return e <= budget
+
+    def _margin(self, comp: Composition) -> float:
+        if self.method is Method.PLD or (self.method is Method.AUTO
+                                         and _fft_atoms(comp) is None):
+            return LOOSE_MARGIN
+        return MARGIN
 
     def _cheap(self, comp: Composition) -> bool:
         if self.method in _CHEAP:

@@ -15,7 +15,7 @@
   axis, each client with its own data size, Poisson rate, number of steps, ledger entry and
   random stream (:class:`ClientStreams`), in lockstep without a Python loop over clients.
 
-Example:
+Examples:
     >>> import torch
     >>> from torch import nn
     >>> import privkit.torch as pt

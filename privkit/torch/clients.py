@@ -111,7 +111,7 @@ class LocalSgd:
 def sampling_rates(sizes: Any, batch_size: int) -> Tensor:
     """``q_i = min(1, b / n_i)`` per client, float64.
 
-    Example:
+    Examples:
         >>> sampling_rates([10, 40], 20).tolist()
         [1.0, 0.5]
     """
@@ -123,7 +123,7 @@ def sampling_rates(sizes: Any, batch_size: int) -> Tensor:
 def steps_for_epochs(sizes: Any, epochs: Any, batch_size: int) -> Tensor:
     """``epochs_i * ceil(n_i / b)`` steps per client (int64): ``epochs_i`` expected passes.
 
-    Example:
+    Examples:
         >>> steps_for_epochs([10, 45], [2, 1], 20).tolist()
         [2, 3]
     """
@@ -172,7 +172,7 @@ class ClientsDpSgd:
             ``method``.
         method: :class:`GradMethod` for the module's per-example gradients (module docstring).
 
-    Example:
+    Examples:
         >>> net = nn.Linear(3, 2)
         >>> dp = ClientsDpSgd(net, l2_clip_norm=1.0, noise_multiplier=1.0)
         >>> k, n = 4, 6

@@ -101,7 +101,7 @@ def check_module(module: nn.Module) -> None:
         InvalidParameterError: naming the layer (qualified name and type) and what to use
             instead, e.g. BatchNorm in training mode (use ``nn.GroupNorm``).
 
-    Example:
+    Examples:
         >>> try:
         ...     check_module(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)))
         ... except InvalidParameterError as err:
@@ -151,7 +151,7 @@ def clip_factors(norms: Tensor, l2_clip_norm: float, dtype: torch.dtype,
     """``min(1, C / norm)`` per example (float64), shrunk by :data:`CLIP_MARGIN_ULPS` ulps
     of ``dtype``; times ``weights`` (e.g. 0 on padding rows) when given.
 
-    Example:
+    Examples:
         >>> clip_factors(torch.tensor([0.5, 4.0], dtype=torch.float64), 1.0, torch.float64)
         tensor([1.0000, 0.2500], dtype=torch.float64)
     """
@@ -194,7 +194,7 @@ def per_example_grads(module: nn.Module, inputs: Any, targets: Any, *,
         loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
             cross-entropy).
 
-    Example:
+    Examples:
         >>> net = nn.Linear(3, 2)
         >>> g = per_example_grads(net, torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1]))
         >>> tuple(g["weight"].shape), tuple(g["bias"].shape)
@@ -238,7 +238,7 @@ def per_example_norms(module: nn.Module, inputs: Any, targets: Any, *,
                       method: GradMethod = GradMethod.GHOST) -> Tensor:
     """``(B,)`` float64 L2 norms of the per-example gradients (all trainable parameters).
 
-    Example:
+    Examples:
         >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
         >>> x, y = torch.randn(6, 3), torch.tensor([0, 1, 1, 0, 1, 0])
         >>> a = per_example_norms(net, x, y)
@@ -260,7 +260,10 @@ def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_no
     Args:
         module: the model (its trainable parameters are differentiated; frozen ones, with
             ``requires_grad=False``, are not).
-        inputs, targets, loss_fn: as in :func:`per_example_grads`.
+        inputs: the forward's input (a tensor, or a tuple of positional inputs), batch first.
+        targets: what ``loss_fn`` compares the output with, batch first.
+        loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
+            cross-entropy).
         l2_clip_norm: C, finite and > 0.
         weights: optional ``(B,)`` example weights (e.g. 0 for padding rows).
         method: :class:`GradMethod`.
@@ -269,7 +272,7 @@ def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_no
         :class:`ClippedGradSum`; an empty batch gives zeros. Each example's contribution
         has L2 norm at most C (its factor is shrunk by :data:`CLIP_MARGIN_ULPS` ulps).
 
-    Example:
+    Examples:
         >>> net = nn.Linear(3, 2)
         >>> s = clipped_grad_sum(net, torch.randn(4, 3), torch.tensor([0, 1, 1, 0]),
         ...                      l2_clip_norm=0.1)

@@ -51,7 +51,7 @@ def step_event(noise_multiplier: float, sampling_probability: float) -> Any:
     """The event of one DP-SGD step: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
     (just ``GaussianDpEvent(z)`` when q = 1: every record in every step).
 
-    Example:
+    Examples:
         >>> ev = step_event(1.1, 0.01)
         >>> ev.sampling_probability, ev.event.noise_multiplier
         (0.01, 1.1)
@@ -76,7 +76,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
     """Index lists of Poisson batches: ``steps`` batches per pass, each record in each batch
     independently with probability ``sampling_probability``.
 
-    Example:
+    Examples:
         >>> s = PoissonBatchSampler(10, 0.5, 3, generator=torch.Generator().manual_seed(0))
         >>> len(s), [len(b) <= 10 for b in s]
         (3, [True, True, True])
@@ -295,13 +295,14 @@ def make_private(module: nn.Module, optimizer: torch.optim.Optimizer,
             :class:`privkit.SecureRandom`.
         loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
             cross-entropy; use ``reduction="none"``).
-        ledger, client_id: charge the data's owner on this ledger before each step's noise.
+        ledger: a :class:`~privkit.ledger.Ledger` to charge before each step's noise.
+        client_id: the data owner's id on ``ledger`` (needed with a ledger).
         method: :class:`~privkit.torch.GradMethod` (ghost clipping by default).
 
     Raises:
         InvalidParameterError: a bad argument, named, or a layer that mixes examples.
 
-    Example:
+    Examples:
         >>> net = nn.Linear(4, 2)
         >>> data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
         >>> dp = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1), dataset=data,

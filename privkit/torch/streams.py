@@ -45,7 +45,7 @@ def philox4x32_10(counter: list[Any], key: tuple[int, int]) -> list[Tensor]:
     against each other; the four output words are int64 tensors of the broadcast shape.
     Matches Random123's known-answer tests.
 
-    Example:
+    Examples:
         >>> z = torch.zeros(1, dtype=torch.int64)
         >>> [hex(int(w)) for w in philox4x32_10([z, 0, 0, 0], (0, 0))]
         ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
@@ -83,7 +83,7 @@ class ClientStreams:
         round: which block of streams (e.g. the FL round), an integer in [0, 2**32): the
             same client draws independent numbers in different rounds.
 
-    Example:
+    Examples:
         >>> s = ClientStreams(seed=7, round=1)
         >>> a = [torch.rand(3, generator=g) for g in s.generators([3, 5])]
         >>> b = torch.rand(3, generator=s.generators([5])[0])  # client 5 alone

@@ -224,19 +224,18 @@ def _spend_fields_ok(e: Mapping[str, Any], null_eps: bool) -> bool:
 
 
 def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, str]],
-                 eps: Sequence[float | None], fixed: Mapping[str, str]
-                 ) -> tuple[bytes, list[str]]:
+                 eps: Sequence[float | None], fixed: Mapping[str, str],
+                 events: Sequence[tuple[str, str]] | None = None) -> tuple[bytes, list[str]]:
     """The lines of one spend batch starting at seq ``first`` after hash ``prev``, and hashes.
 
     ``links`` holds each client's (client_seq, client_prev_hash); ``fixed`` the
     canonical JSON of the fields every entry shares (count, event, label, meta,
-    round, run_id, step).
+    round, run_id, step); ``events``, if given, each entry's own (event, count) JSON instead.
     """
     # Canonical JSON built by hand (keys in sorted order) for speed; Journal.load
     # re-checks every hash with the generic encoder.
     lines, hashes = [], []
     end = first + len(ids) - 1
-    mid = f'"count":{fixed["count"]},'
     post = ('"kind":"spend","label":' + fixed["label"] + ',"meta":' + fixed["meta"]
             + ',"prev_hash":"')
     last = ',"round":' + fixed["round"] + ',"run_id":' + fixed["run_id"] + ',"seq":'
@@ -244,9 +243,10 @@ def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, s
     for k, (cid, (cseq, cprev)) in enumerate(zip(ids, links, strict=True)):
         e = eps[k]
         e_json = "null" if e is None else repr(e) if math.isfinite(e) else '"inf"'
+        event, count = (fixed["event"], fixed["count"]) if events is None else events[k]
         head = (f'{{"batch_end":{end},"client_id":{canonical_json(cid)},'
-                f'"client_prev_hash":"{cprev}","client_seq":{cseq},{mid}"eps_after":{e_json},'
-                f'"event":{fixed["event"]},')
+                f'"client_prev_hash":"{cprev}","client_seq":{cseq},"count":{count},'
+                f'"eps_after":{e_json},"event":{event},')
         rest = f'{post}{prev}"{last}{first + k}{step}'
         prev = hashlib.sha256((head + rest).encode("utf-8")).hexdigest()
         lines.append(f'{head}"hash":"{prev}",{rest}\n')
@@ -472,15 +472,18 @@ class Journal:
             raise LedgerError(f"ledger unusable after a failed write ({self._broken}); reopen it")
 
     def append_spends(self, ids: list[str], eps: Sequence[float | None],
-                      fixed: Mapping[str, str]) -> list[str]:
+                      fixed: Mapping[str, str],
+                      events: Sequence[tuple[str, str]] | None = None) -> list[str]:
         """Durably append one spend batch, an entry per client; return their hashes.
 
         ``eps`` are the clients' epsilons after the charge (None: not priced; only in a
-        format that allows it, :attr:`null_eps`); ``fixed`` is
+        format that allows it, :attr:`null_eps`); ``events``, if given, each entry's own
+        (event, count) canonical JSON (a batch of several charges); ``fixed`` is
         :func:`spend_fields` with the canonical JSON of ``event`` and ``count``.
         """
         links = [self._links.get(c, self._new_link) for c in ids]
-        data, hashes = _spend_lines(self.head_seq + 1, self.head_hash, ids, links, eps, fixed)
+        data, hashes = _spend_lines(self.head_seq + 1, self.head_hash, ids, links, eps, fixed,
+                                    events)
         self._append(data, hashes)
         self._links.update(zip(ids, [(s + 1, h) for (s, _), h in zip(links, hashes, strict=True)],
                                strict=True))

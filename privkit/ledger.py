@@ -439,17 +439,57 @@ class Ledger:
             UnsupportedEventError: the ledger's method cannot price the event.
             LedgerError: the journal cannot be appended to (see message).
         """
-        ids = _client_ids(client_ids, unique=True)
+        return self.spend_many([(client_ids, event, count)], label=label, round=round,
+                               step=step, run_id=run_id, meta=meta)
+
+    def spend_many(
+        self,
+        charges: Iterable[tuple[Any, DpEvent] | tuple[Any, DpEvent, int]],
+        *,
+        label: str,
+        round: int | None = None,  # noqa: A002 - the spec's field name
+        step: int | None = None,
+        run_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> SpendReceipt:
+        """Several charges as one: ``(client_ids, event)`` or ``(client_ids, event, count)``
+        each (say, a round's clients grouped by their event), all or nothing, in one write and
+        one fsync (:meth:`spend` is one charge of it).
+
+        Every client of every charge is checked first; if one would exceed the budget nothing
+        changes. A client appears in one charge at most.
+
+        Raises:
+            BudgetExceededError: a client would exceed the budget (names them).
+            InvalidParameterError: a bad argument, or a client in two charges (named).
+            UnsupportedEventError: the ledger's method cannot price an event.
+            LedgerError: the journal cannot be appended to (see message).
+        """
+        groups = []
+        for charge in charges:
+            if not (isinstance(charge, tuple) and len(charge) in (2, 3)):
+                raise InvalidParameterError("charges", charge, "(client_ids, event) or "
+                                            "(client_ids, event, count) tuples")
+            groups.append((_client_ids(charge[0], unique=True), charge[1],
+                           charge[2] if len(charge) == 3 else 1))
+        if not groups:
+            raise InvalidParameterError("charges", [], "at least one charge")
+        ids = [c for g in groups for c in g[0]]
+        if len(set(ids)) != len(ids):
+            dup = next(c for c, n in Counter(ids).items() if n > 1)
+            raise InvalidParameterError("client_ids", dup, "in one charge of a batch at most")
         fixed = _journal.spend_fields(label, meta, round, step, run_id)
         with self._lock:
-            fixed["event"], did = self._event_delta(event, count)
-            fixed["count"] = str(_validate.positive_int("count", count))
+            events, states, ok = [], [], []
+            for gids, event, count in groups:
+                ev_json, did = self._event_delta(event, count)
+                events += [(ev_json, str(_validate.positive_int("count", count)))] * len(gids)
+                before = [self._state_of(c) for c in gids]
+                after = [self._states.next(b, did) for b in before]
+                states += after
+                ok.append(self._states.within_budget(before, did, after))
             self._journal.check_usable()
-            idx = [self._index.get(c, -1) for c in ids]
-            before = [self._state[i] if i >= 0 else 0 for i in idx]
-            states = [self._states.next(b, did) for b in before]
-            ok = self._states.within_budget(before, did, states)
-            over = np.flatnonzero(~ok)
+            over = np.flatnonzero(~np.concatenate(ok))
             if len(over):
                 eps = self._states.prices([states[k] for k in over[:5]])
                 shown = ", ".join(f"{ids[k]!r} (epsilon {e:.6g})"
@@ -463,9 +503,13 @@ class Ledger:
                 cached = [self._states.known(s) for s in states]
             else:  # a privkit.ledger/1 journal: every entry carries its epsilon
                 cached = self._states.prices(states).tolist()
-            hashes = self._journal.append_spends(ids, cached, fixed)
-            for cid, i, s, e in zip(ids, idx, states, cached, strict=True):
-                self._record(cid, i, s, e)
+            if len(groups) == 1:
+                fixed["event"], fixed["count"] = events[0]
+                hashes = self._journal.append_spends(ids, cached, fixed)
+            else:
+                hashes = self._journal.append_spends(ids, cached, fixed, events)
+            for cid, s, e in zip(ids, states, cached, strict=True):
+                self._record(cid, self._index.get(cid, -1), s, e)
         return SpendReceipt(first + len(ids) - 1, hashes[-1], first, tuple(ids),
                             _LazyPrices(self, states))
 

@@ -11,7 +11,7 @@ import pytest
 from privkit._journal import canonical_json
 from privkit.accountants import epsilon
 from privkit.accountants.budget import MARGIN
-from privkit.errors import BudgetExceededError, UnsupportedEventError
+from privkit.errors import BudgetExceededError, InvalidParameterError, UnsupportedEventError
 from privkit.events import (
     ComposedDpEvent,
     GaussianDpEvent,
@@ -186,3 +186,44 @@ def _rehash(d):
 
     body = {k: v for k, v in d.items() if k != "hash"}
     return dict(body, hash=hashlib.sha256(canonical_json(body).encode()).hexdigest())
+
+
+# ------------------------------------------------------------------ spend_many
+def test_spend_many_is_one_batch_and_replays(tmp_path):
+    path = tmp_path / "l.jsonl"
+    led = new(path)
+    other = PoissonSampledDpEvent(0.05, GaussianDpEvent(0.9))
+    receipt = led.spend_many([(["a", "b"], SAMPLED), ("c", other, 3)], label="round", round=0)
+    entries = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    assert [e["client_id"] for e in entries] == ["a", "b", "c"]
+    assert {e["batch_end"] for e in entries} == {2} and receipt.seq == 2
+    assert [e["count"] for e in entries] == [1, 1, 3]
+    want = {"a": tight(SAMPLED, 1), "b": tight(SAMPLED, 1), "c": tight(other, 3)}
+    assert led.epsilons() == want and Ledger.open(path).epsilons() == want
+    assert receipt.epsilons.tolist() == [want["a"], want["b"], want["c"]]
+
+
+def test_spend_many_is_all_or_nothing(tmp_path):
+    path = tmp_path / "l.jsonl"
+    led = new(path, budget=tight(SAMPLED, 2) * (1 + 1e-12))
+    led.spend("a", SAMPLED, label="upd", count=2)
+    before = path.read_bytes()
+    with pytest.raises(BudgetExceededError, match="'a'"):
+        led.spend_many([("b", SAMPLED), ("a", SAMPLED)], label="round")
+    assert path.read_bytes() == before and led.epsilons() == {"a": tight(SAMPLED, 2)}
+    led.spend_many([("b", SAMPLED), ("c", SAMPLED, 2)], label="round")
+    assert led.epsilons(["b", "c"]) == {"b": tight(SAMPLED, 1), "c": tight(SAMPLED, 2)}
+
+
+@pytest.mark.parametrize("charges, name", [
+    ([], "charges"),
+    ([("a",)], "charges"),
+    ([("a", SAMPLED), (["b", "a"], SAMPLED)], "client_ids"),
+    ([("a", SAMPLED, 0)], "count"),
+    ([("a", "not an event")], "event"),
+])
+def test_spend_many_bad_input_changes_nothing(charges, name):
+    led = new()
+    with pytest.raises(InvalidParameterError, match=name):
+        led.spend_many(charges, label="round")
+    assert led.head().seq == -1

@@ -4,8 +4,8 @@ Every ratio compares numbers measured in this same run on this machine, so a
 noisy machine moves both sides. Run ``python bench/accounting.py`` (``--quick``
 skips the slowest dp-accounting PLD cells of W2, which take up to a minute).
 
-W1 and W4 run twice, with numpy's default BLAS threads both times: on an idle machine, and
-under a background load that the script starts and stops itself (one busy-looping process
+W1 and W4 run twice, with numpy's default BLAS threads both times: as the machine is, and
+under an added background load that the script starts and stops itself (one busy-looping process
 per core, ``--load-procs`` to change), so that a speed that depended on BLAS threads or on an
 idle core would show. ``--load idle`` or ``--load busy`` runs one condition only.
 
@@ -273,8 +273,9 @@ def main() -> None:
     todo = a.only or ["w1", "w2", "w3", "w4", "w5", "w6"]
     blas = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
     print(f"BLAS threads: {blas or 'numpy default (not limited)'}; {os.cpu_count()} cores")
-    idle = " [idle machine]"
-    busy = f" [background load: {a.load_procs} busy processes]"
+    idle = " [no added load]"
+    busy = f" [added load: {a.load_procs} busy processes]"
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} (other processes count too)")
     for name in todo:
         if name in ("w1", "w4"):
             fn = w1 if name == "w1" else w4

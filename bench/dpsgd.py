@@ -30,10 +30,13 @@ the C allocator's caching by more than these models need).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -155,7 +158,8 @@ def peak_tensor_mib(fn: Any) -> float:
     the torch profiler (``profile_memory=True``). Deterministic for fixed draws, unlike RSS."""
     import torch.profiler as tp
 
-    with tp.profile(activities=[tp.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), tp.profile(activities=[tp.ProfilerActivity.CPU],
+                                     profile_memory=True) as prof:
         fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
@@ -163,6 +167,20 @@ def peak_tensor_mib(fn: Any) -> float:
         live += e.nbytes()
         peak = max(peak, live)
     return peak / 2**20
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The profiler's C++ layer logs its start and stop on file descriptor 2: hide them."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def memory(name: str, data: tuple[torch.Tensor, ...]) -> tuple[float, float]:

@@ -57,17 +57,19 @@ class Parts:
 
 
 def _sumsq(x: Tensor, dims: int) -> Tensor:
-    """Squared norms over all but the first ``dims`` axes: squares summed in ``x``'s dtype
-    (cascade summation, relative error ``O(log n eps)``: the clip factor's margin covers it,
-    see :func:`privkit.torch.grads.clip_factors`), returned in float64."""
-    return (x * x).flatten(dims).sum(-1).to(torch.float64)
+    """Squared norms over all but the first ``dims`` axes, summed in ``x``'s dtype (cascade
+    summation, relative error ``O(log n eps)``: the clip factor's margin covers it, see
+    :func:`privkit.torch.grads.clip_factors`); layers' norms are added up in float64."""
+    return (x * x).flatten(dims).sum(-1)
 
 
 def materialized(grads: Mapping[str, Tensor]) -> Parts:
     """Parts of per-example gradients held in full, ``{name: (K, B, *shape)}``."""
     grads = dict(grads)
-    sq = sum(_sumsq(v, 2) for v in grads.values())
-    assert isinstance(sq, Tensor)
+    first = next(iter(grads.values()))
+    sq = torch.zeros(first.shape[:2], dtype=torch.float64, device=first.device)
+    for v in grads.values():
+        sq = sq + _sumsq(v, 2)
 
     def weighted(f: Tensor) -> dict[str, Tensor]:
         return {n: torch.bmm(f.to(v.dtype).unsqueeze(1), v.flatten(2)).reshape(
@@ -91,31 +93,33 @@ def _outer(a: Tensor, g: Tensor, want: set[str], k: int) -> tuple[Tensor, Callab
     (``(K, O, I)``) and bias ``sum_t g_t`` for ``a (K B, T, I)``, ``g (K B, T, O)``."""
     n, t, i = a.shape
     o = g.shape[2]
-    sq = torch.zeros(n, dtype=torch.float64, device=g.device)
+    gb = g.reshape(n, o) if t == 1 else g.sum(1)  # the bias's per-example gradients
     per = None
-    if "weight" in want:
-        if t == 1:
-            sq += _sumsq(a, 1) * _sumsq(g, 1)
-        elif n * o * i <= MATERIALISE_ELEMENTS or t * t >= o * i:
+    if "weight" not in want:
+        sq = _sumsq(gb, 1)
+    elif t == 1:  # ||a g^T||^2 = ||a||^2 ||g||^2, and ||g||^2 for the bias
+        sq = _sumsq(a, 1) + ("bias" in want)
+        sq = sq * _sumsq(gb, 1)
+    else:
+        if n * o * i <= MATERIALISE_ELEMENTS or t * t >= o * i:
             per = torch.bmm(g.transpose(1, 2), a)
-            sq += _sumsq(per, 1)
+            sq = _sumsq(per, 1)
         else:
-            sq += _gram_norms(a, g)
-    if "bias" in want:
-        sq += _sumsq(g.sum(1), 1)
+            sq = _gram_norms(a, g)
+        if "bias" in want:
+            sq = sq + _sumsq(gb, 1)
 
     def weighted(f: Tensor) -> dict[str, Tensor]:
-        fk = f.to(g.dtype).reshape(k, -1)
+        fk = f.to(g.dtype).reshape(k, 1, -1)
         out = {}
         if "weight" in want:
             if per is not None:
-                out["weight"] = torch.bmm(fk.unsqueeze(1), per.reshape(k, -1, o * i)).reshape(
-                    k, o, i)
+                out["weight"] = torch.bmm(fk, per.reshape(k, -1, o * i)).reshape(k, o, i)
             else:
-                fg = (g * f.to(g.dtype).reshape(-1, 1, 1)).reshape(k, -1, o)
+                fg = (g * fk.reshape(-1, 1, 1)).reshape(k, -1, o)
                 out["weight"] = torch.bmm(fg.transpose(1, 2), a.reshape(k, -1, i))
         if "bias" in want:
-            out["bias"] = torch.bmm(fk.unsqueeze(1), g.sum(1).reshape(k, -1, o)).reshape(k, o)
+            out["bias"] = torch.bmm(fk, gb.reshape(k, -1, o)).reshape(k, o)
         return out
 
     return sq.reshape(k, -1), weighted
@@ -153,8 +157,9 @@ def _conv_input(module: Any, a: Tensor) -> tuple[Tensor, tuple[int, ...]]:
 
 
 def _unfold(a: Tensor, module: Any, padding: tuple[int, ...]) -> Tensor:
-    """``(n, T, C k)`` patches of a 1d or 2d input (1d as height 1), in the weight's
-    ``(C, kh, kw)`` order: strided views and one copy (``F.unfold`` loops over the batch)."""
+    """``(n, C k, T)`` patches of a 1d or 2d input (1d as height 1), ``F.unfold``'s layout
+    (the weight's ``(C, kh, kw)`` order), from strided views and one copy whose innermost
+    axis runs along the input rows (``F.unfold`` itself loops over the batch)."""
     k, d, p, s = module.kernel_size, module.dilation, padding, module.stride
     if a.dim() == 3:
         a, k, d, p, s = a.unsqueeze(2), (1, *k), (1, *d), (0, *p), (1, *s)
@@ -164,7 +169,7 @@ def _unfold(a: Tensor, module: Any, padding: tuple[int, ...]) -> Tensor:
     if d[0] != 1 or d[1] != 1:
         u = u[..., ::d[0], ::d[1]]
     n, c, h, w = u.shape[:4]
-    return u.permute(0, 2, 3, 1, 4, 5).reshape(n, h * w, c * k[0] * k[1])
+    return u.permute(0, 1, 4, 5, 2, 3).reshape(n, c * k[0] * k[1], h * w)
 
 
 def _conv(module: Any, calls: Calls, want: set[str]) -> Parts:
@@ -174,7 +179,7 @@ def _conv(module: Any, calls: Calls, want: set[str]) -> Parts:
     nd = gs[0].dim() - 2
     w_shape = module.weight.shape
     if "weight" in want and module.groups == 1 and nd <= 2:
-        u = _cat([_unfold(x, module, p) for x, p in ins], dim=1)
+        u = _cat([_unfold(x, module, p) for x, p in ins], dim=2).transpose(1, 2)
         g = _cat([y.flatten(2).transpose(1, 2) for y in gs], dim=1)
         sq, outer = _outer(u, g, want, k)
 
@@ -221,7 +226,8 @@ def _embedding(module: nn.Embedding, calls: Calls, want: set[str]) -> Parts:
     rows = torch.zeros(keys.shape[0], dim, dtype=g.dtype, device=g.device)
     rows.index_add_(0, inverse.reshape(-1), g.reshape(-1, dim))
     sq = torch.zeros(k * b, dtype=torch.float64, device=g.device)
-    sq.index_add_(0, torch.div(keys, v, rounding_mode="floor"), _sumsq(rows, 1))
+    sq.index_add_(0, torch.div(keys, v, rounding_mode="floor"),
+                  _sumsq(rows, 1).to(torch.float64))
     client = torch.div(owner, b, rounding_mode="floor")
 
     def weighted(f: Tensor) -> dict[str, Tensor]:

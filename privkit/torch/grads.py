@@ -128,7 +128,10 @@ def _as_tuple(inputs: Any) -> tuple[Any, ...]:
 
 
 def _batch_size(inputs: tuple[Any, ...], targets: Any) -> int:
-    leaves = [x for x in tree_flatten((inputs, targets))[0] if isinstance(x, Tensor)]
+    if len(inputs) == 1 and isinstance(inputs[0], Tensor) and isinstance(targets, Tensor):
+        leaves = [inputs[0], targets]  # the common case, without a pytree walk
+    else:
+        leaves = [x for x in tree_flatten((inputs, targets))[0] if isinstance(x, Tensor)]
     if not leaves or leaves[0].dim() == 0:
         raise InvalidParameterError("inputs", type(inputs).__name__,
                                     "tensors with a leading batch dimension")

@@ -144,6 +144,12 @@ def _traced(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: L
     return entries, losses, [[next(it) for _ in call.edges] for e in entries for call in e.calls]
 
 
+def _present(g: Tensor | None) -> Tensor:
+    """A layer rule's output gradient (its one output reached the loss)."""
+    assert g is not None
+    return g
+
+
 def _fallback_one(module: nn.Module, own: dict[str, Tensor], leaves: list[Any],
                   dims: list[int | None], spec: Any, pos: list[int], gs: list[Tensor],
                   inner: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
@@ -209,7 +215,8 @@ def ghost(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: Los
             continue
         rule = RULES.get(type(entry.module))
         if rule is not None:
-            pairs = [(c.args[0].detach().unsqueeze(0), gs[0].unsqueeze(0)) for c, gs in calls]
+            pairs = [(c.args[0].detach().unsqueeze(0), _present(gs[0]).unsqueeze(0))
+                     for c, gs in calls]
             parts.append((entry, rule(entry.module, pairs, set(entry.own))))
             continue
         own = {n: p.detach() for n, p in entry.own.items()}

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.grad import conv1d_weight, conv2d_weight, conv3d_weight
 
 __all__ = ["Parts", "RULES", "materialized"]
 
@@ -135,8 +136,7 @@ def _linear(module: nn.Linear, calls: Calls, want: set[str]) -> Parts:
 
 
 # ------------------------------------------------------------------------------ convolution
-_WEIGHT_GRAD = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight,
-                3: torch.nn.grad.conv3d_weight}
+_WEIGHT_GRAD = {1: conv1d_weight, 2: conv2d_weight, 3: conv3d_weight}
 
 
 def _conv_input(module: Any, a: Tensor) -> tuple[Tensor, tuple[int, ...]]:

@@ -243,10 +243,10 @@ class ClientsDpSgd:
             raise InvalidParameterError("params", params, "a non-empty dict of (K, ...) tensors")
         first = next(iter(params.values()))
         k = first.shape[0] if first.dim() else 0
-        for n, v in params.items():
+        for name, v in params.items():
             if not (isinstance(v, Tensor) and v.is_floating_point() and v.dim() >= 1
                     and v.shape[0] == k and v.dtype == first.dtype):
-                raise InvalidParameterError(f"params[{n!r}]", getattr(v, "shape", v),
+                raise InvalidParameterError(f"params[{name!r}]", getattr(v, "shape", v),
                                             f"a floating ({k}, ...) tensor of dtype "
                                             f"{first.dtype}")
         shapes = {n: tuple(v.shape[1:]) for n, v in params.items()}
@@ -494,6 +494,7 @@ def _apply(update: LocalSgd, theta: Tensor, g: Tensor, buf: Tensor, bar: Tensor 
            active: Tensor | None) -> None:
     """One :class:`LocalSgd` step, in place, of the active clients (all if None)."""
     if update.proximal_mu:
+        assert bar is not None
         g = g.add_(theta - bar, alpha=update.proximal_mu)
     if active is None:
         buf.mul_(update.momentum).add_(g)

@@ -341,6 +341,7 @@ def make_private(module: nn.Module, optimizer: torch.optim.Optimizer,
         noise_multiplier = privkit.calibrate_noise_multiplier(
             target_epsilon=target_epsilon, delta=delta, steps=steps,
             sampling_probability=min(1.0, b / n)).noise_multiplier
+    assert noise_multiplier is not None
     return DpSgd(module, optimizer, dataset, expected_batch_size=expected_batch_size,
                  noise_multiplier=noise_multiplier, l2_clip_norm=max_grad_norm, delta=delta,
                  generator=generator, loss_fn=loss_fn, ledger=ledger, client_id=client_id,

@@ -333,3 +333,13 @@ def test_bad_input_is_named():
         pt.clipped_grad_sum(module, x, Y, l2_clip_norm=1.0, weights=torch.ones(3))
     with pytest.raises(InvalidParameterError, match="module"):
         pt.check_module(lambda x: x)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, padding=1), dict(kernel_size=(3, 2), stride=2),
+                                dict(kernel_size=2, dilation=2, padding=(1, 0)),
+                                dict(kernel_size=3, stride=(1, 2), dilation=(2, 1), padding=2)])
+def test_patches_equal_f_unfold(kw):
+    conv = nn.Conv2d(3, 4, **kw)
+    x = torch.randn(5, 3, 9, 8)
+    want = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+    assert torch.equal(_layers._unfold(x, conv, conv.padding), want)

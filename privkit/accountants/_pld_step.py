@@ -308,7 +308,7 @@ def _gaussian_pmf_pair(z: float, q: float, h: float, budget: float) -> tuple[_Pm
     grid = ks * h
     xs = np.clip(pair.x_of_loss(grid), x_lo, x_hi)
     xs[0], xs[-1] = x_lo, x_hi
-    low_r, tot_r, low_a, tot_a = _split_both(grid[:-1], grid[1:], h, xs[:-1], xs[1:], pair)
+    low_r, tot_r, low_a, tot_a = _split_both(grid[:-1], h, xs[:-1], xs[1:], pair)
     rem = np.zeros(ks.size)
     rem[:-1] += low_r
     rem[1:] += tot_r - low_r
@@ -327,12 +327,11 @@ def _gaussian_pmf_pair(z: float, q: float, h: float, budget: float) -> tuple[_Pm
             _Pmf(-k_hi, add, min(1.0, float(ndtr(x_lo / z)))))
 
 
-def _split_both(ell_lo: np.ndarray, ell_hi: np.ndarray, h: float, x_a: np.ndarray,
-                x_b: np.ndarray, pair: _Pair
+def _split_both(ell_lo: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray, pair: _Pair
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_split` for the remove pair and, on the same nodes, for its swap (module doc of
     :func:`_gaussian_pmf_pair`): per cell, (remove lower, remove total, add lower, add
-    total), the add lower being the mass sent to the add cell's lower point -ell_hi."""
+    total), the add lower being the mass sent to the add cell's lower point -(ell_lo + h)."""
     width = x_b - x_a
     z = pair.z
     dist = np.maximum(np.abs(x_a), np.abs(x_b))  # to N(0)'s mean, 0
@@ -346,7 +345,7 @@ def _split_both(ell_lo: np.ndarray, ell_hi: np.ndarray, h: float, x_a: np.ndarra
     pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
     cell: np.ndarray | None = None
     if width.size and int(pieces.max()) == 1:
-        left, half, top, bot = x_a, 0.5 * width, ell_hi, ell_lo
+        left, half, bot = x_a, 0.5 * width, ell_lo
     else:
         cell = np.repeat(np.arange(width.size), pieces)
         first = np.cumsum(pieces) - pieces
@@ -354,7 +353,7 @@ def _split_both(ell_lo: np.ndarray, ell_hi: np.ndarray, h: float, x_a: np.ndarra
         step = width[cell] / pieces[cell]
         left = x_a[cell] + j * step
         half = 0.5 * step
-        top, bot = ell_hi[cell], ell_lo[cell]
+        bot = ell_lo[cell]
     mid = left + half
     n = mid.size
     xs = np.empty(2 * n)
@@ -367,15 +366,33 @@ def _split_both(ell_lo: np.ndarray, ell_hi: np.ndarray, h: float, x_a: np.ndarra
         base *= base
         base *= -0.5
         base += norm
-        ell = pair.loss(xs)
-        dens_r = np.exp(base + ell)  # the mixture's density
-        dens_a = np.exp(base, out=base)  # N(0)'s
+        dens_a = np.exp(base, out=base)  # N(0)'s density
+        t = (2 * xs - 1) / (2 * z * z)
+        if float(t.max()) <= 700.0:
+            # the remove loss log(1 - q + q e^t) and the mixture's density N(0) e^loss,
+            # sharing expm1(t)
+            mix = np.expm1(t, out=t)
+            mix *= pair.q
+            ell = np.log1p(mix)
+            mix += 1.0
+            dens_r = mix
+            dens_r *= dens_a
+        else:
+            ell = pair.loss(xs)
+            dens_r = dens_a * np.exp(ell)
         for d in (dens_r, dens_a):
             d[:n] *= half * _GL_WEIGHTS[0]
             d[n:] *= half * _GL_WEIGHTS[1]
-        tops, bots = np.concatenate([top, top]), np.concatenate([bot, bot])
-        a_r = np.expm1(tops - ell) / scale
-        a_a = np.expm1(ell - bots) / scale
+        # the add split a_a = expm1(ell - bot) / expm1(h) and the remove split
+        # a_r = expm1(top - ell) / expm1(h) = (expm1(h) - u) / ((1 + u) expm1(h)) with
+        # u = expm1(ell - bot), top - bot = h: one expm1 for both
+        u = np.concatenate([bot, bot])
+        np.subtract(ell, u, out=u)
+        np.expm1(u, out=u)
+        a_a = u / scale
+        a_r = (scale - u) / scale
+        u += 1.0
+        a_r /= u
     out = []
     for a, d in ((a_r, dens_r), (a_a, dens_a)):
         a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0, copy=False), 0.0, 1.0, out=a)

@@ -14,6 +14,7 @@ from fl_examples.core.privacy import (
     calibrate,
 )
 from fl_examples.core.rounds import (
+    independent_straggler_epochs,
     sample_clients,
     straggler_epochs,
 )
@@ -21,6 +22,20 @@ from fl_examples.core.seeds import SeedTree
 from fl_examples.upcycled.config import UpcycledConfig
 from privkit.errors import InvalidParameterError
 from privkit.mechanisms.aggregate import AdaptiveClipping, ClientLevelGaussian
+
+
+def selection_epochs(cfg: UpcycledConfig, tree: SeedTree, data_round: int, sel: Any
+                     ) -> tuple[Any, Any]:
+    """(local epochs, straggler mask) of the sampled clients ``sel`` in ``data_round``.
+
+    Under client- and record-level DP each client's straggling and epochs are drawn on its
+    own (:func:`~fl_examples.core.rounds.independent_straggler_epochs`: they never depend on
+    who else was sampled); without privacy and for the paper's output and objective
+    perturbation, the authors' rule (round(s K) of the K sampled straggle)."""
+    if cfg.privacy in ("client", "record"):
+        return independent_straggler_epochs(tree, data_round, sel, cfg.stragglers,
+                                            cfg.local_epochs)
+    return straggler_epochs(tree, data_round, len(sel), cfg.stragglers, cfg.local_epochs)
 
 
 def planned_releases(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
@@ -81,7 +96,7 @@ def planned_steps(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
     sizes = ds.train_sizes
     for r in range(1, data_rounds(algorithm, iterations) + 1):
         sel = sample_clients(tree, r, ds.num_clients, cfg.fraction)
-        epochs, strag = straggler_epochs(tree, r, len(sel), cfg.stragglers, cfg.local_epochs)
+        epochs, strag = selection_epochs(cfg, tree, r, sel)
         if algorithm == "fedavg":
             sel, epochs = sel[~strag], epochs[~strag]
         for c, s in zip(sel, steps_per_client(sizes[sel], epochs, cfg.batch_size).tolist()):

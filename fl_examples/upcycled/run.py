@@ -23,11 +23,9 @@ from fl_examples.core.rounds import (
     broadcast,
     client_orders,
     evaluate,
-    independent_straggler_epochs,
     resolve_device,
     sample_clients,
     select,
-    straggler_epochs,
     to_client_data,
 )
 from fl_examples.core.run import (
@@ -39,7 +37,7 @@ from fl_examples.core.run import (
 )
 from fl_examples.core.seeds import SeedTree
 from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, _model, extrapolation
-from fl_examples.upcycled.privacy import _privacy_plan, data_rounds
+from fl_examples.upcycled.privacy import _privacy_plan, data_rounds, selection_epochs
 from privkit._journal import canonical_json
 from privkit._rng import SecureRandom
 from privkit.errors import InvalidParameterError
@@ -151,19 +149,15 @@ class _Run(TrainerRun):
     def _selection(self, r: int) -> tuple[Any, Any]:
         """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers).
 
-        Under client-level DP the sample is Poisson and every client's straggling is drawn
-        on its own (:func:`~fl_examples.core.rounds.independent_straggler_epochs`), so one
-        client's work never depends on who else was sampled; otherwise the authors' rule
-        (round(s K) of the K sampled straggle)."""
+        Under client-level DP the sample is Poisson; under client- and record-level DP
+        every client's straggling is drawn on its own (:func:`selection_epochs`), so one
+        client's work never depends on who else was sampled."""
         cfg = self.cfg
         if self.client_level:  # Poisson sampling at rate q
             sel = self.plan.select(self.tree, r, self.secure)  # type: ignore[union-attr]
-            epochs, strag = independent_straggler_epochs(
-                self.tree, r, sel, cfg.stragglers, cfg.local_epochs)
         else:
             sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
-            epochs, strag = straggler_epochs(self.tree, r, len(sel), cfg.stragglers,
-                                             cfg.local_epochs)
+        epochs, strag = selection_epochs(cfg, self.tree, r, sel)
         if self.algorithm == "fedavg":
             sel, epochs = sel[~strag], epochs[~strag]
         return sel, epochs

@@ -221,3 +221,44 @@ def test_the_report_json_of_a_private_run_lists_what_it_does_not_cover(tmp_path)
     assert set(rep["algorithms"]["upcycled"]["final"]) == {
         "iteration", "data_rounds", "heldout_loss", "heldout_accuracy", "wall_time_s",
         "client_compute_s"}
+
+
+def test_dprec_secure_noise_draws_from_the_os_and_charges_a_replay_again(tmp_path):
+    from fl_examples.dprec import DPRecConfig
+    from fl_examples.dprec import run_algorithm as dprec_run
+    from fl_examples.dprec.config import load_dataset
+    from privkit.accountants.rec import RecDpEvent
+
+    cfg = DPRecConfig(clients=10, clients_per_round=3, rounds=4, bits=4, eval_every=2,
+                      local_epochs=1, device="cpu", checkpoint_every=2, secure_noise=True)
+    ds = load_dataset(cfg.resolved(("dprec",)))
+    a = dprec_run("dprec", cfg, ds)
+    b = dprec_run("dprec", cfg, ds)
+    assert a["privacy"]["randomness"]["source"] == "os_csprng"
+    assert a["privacy"]["guarantee"] == "proven"
+    assert not torch.equal(a["_model"]["weight"], b["_model"]["weight"])
+    assert "per_client" in a["privacy"] and len(set(a["privacy"]["per_client"])) == 1
+    dprec_run("dprec", cfg, ds, out=tmp_path, stop_after=2)
+    led = Ledger.open(tmp_path / "ledger-dprec.jsonl")
+    event = next(a for i in range(10) for a, _ in led.composition(str(i)).atoms)
+    assert isinstance(event, RecDpEvent)
+    led.spend(["7"], event, label="client message", round=3,
+              run_id="dprec")  # round 3 began, then a crash
+    dprec_run("dprec", cfg, ds, out=tmp_path, resume=True)
+    led = Ledger.open(tmp_path / "ledger-dprec.jsonl")
+    charged = sum(n for i in range(10) for _, n in led.composition(str(i)).atoms)
+    assert charged == 4 * 3 + 1  # every message, and the first attempt at round 3
+
+
+def test_mapa_secure_noise_draws_from_the_os(tmp_path):
+    from fl_examples.mapa import MapaConfig
+    from fl_examples.mapa import run_algorithm as mapa_run
+
+    cfg = MapaConfig(edges=4, updates=20, eval_every=10, secure_noise=True)
+    a, b = mapa_run("audp", cfg), mapa_run("audp", cfg)
+    assert a["privacy"]["randomness"]["source"] == "os_csprng"
+    assert not torch.equal(a["_model"], b["_model"])
+    assert set(a["history"][-1]) >= {"heldout_loss", "heldout_accuracy"}
+    assert "train_loss" not in a["history"][-1]
+    seeded = mapa_run("audp", MapaConfig(edges=4, updates=20, eval_every=10))
+    assert seeded["privacy"]["guarantee"] == "simulation"

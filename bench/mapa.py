@@ -69,7 +69,7 @@ def gaussian_table(updates: int, seeds: list[int]) -> None:
                 res = run_algorithm(alg, cfg, dataset=ds)
                 p = res.get("privacy", {})
                 rows.setdefault(alg, []).append(
-                    (res["history"][-1]["test_accuracy"], p.get("noise_multiplier", 0.0),
+                    (res["history"][-1]["heldout_accuracy"], p.get("noise_multiplier", 0.0),
                      p.get("epsilon_max", 0.0), time.perf_counter() - t0))
         for alg, r in rows.items():
             accs = " ".join(f"{a:.3f}" for a, *_ in r)

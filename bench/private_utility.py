@@ -1,4 +1,4 @@
-"""Privacy-utility benchmark: test accuracy at epsilon 1, 2, 4, 8 beside the non-private
+"""Privacy-utility benchmark: held-out accuracy at epsilon 1, 2, 4, 8 beside the non-private
 reference, for each trainer and privacy model, in one run (same data, seeds and settings).
 
 Sections (``--sections``, comma-separated; all by default):
@@ -55,7 +55,7 @@ from fl_examples.upcycled import UpcycledConfig, run_algorithm  # noqa: E402
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 SECTION_ORDER = ["client", "record", "scfl", "mapa", "dprec", "opacus"]
 FIELDS = ["section", "dataset", "algorithm", "privacy", "target_epsilon", "epsilon",
-          "delta", "test_accuracy", "seeds", "seconds", "note"]
+          "delta", "heldout_accuracy", "seeds", "seconds", "note"]
 
 
 def _row(**kw: Any) -> dict[str, Any]:
@@ -66,14 +66,14 @@ def _row(**kw: Any) -> dict[str, Any]:
 
 def _fl(alg: str, cfg: UpcycledConfig, ds: Any, data_rounds: int, seeds: int
         ) -> tuple[float, float, float, float]:
-    """(mean test accuracy, mean epsilon_max, delta, seconds) over seeds."""
+    """(mean held-out accuracy, mean epsilon_max, delta, seconds) over seeds."""
     it = 2 * data_rounds - 1 if alg == "upcycled" else data_rounds
     accs, eps, delta = [], [], float("nan")
     t0 = time.perf_counter()
     for seed in range(seeds):
         c = UpcycledConfig(**(cfg.__dict__ | {"seed": seed, "iterations": it}))
         r = run_algorithm(alg, c, ds, iterations=it)
-        accs.append(r["history"][-1]["test_accuracy"])
+        accs.append(r["history"][-1]["heldout_accuracy"])
         if "privacy" in r:
             eps.append(r["privacy"]["epsilon_max"])
             delta = r["privacy"]["delta"]
@@ -104,7 +104,7 @@ def client_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
         for alg in ("upcycled", "fedprox"):
             acc, _, _, secs = _fl(alg, UpcycledConfig(**base), ds, rounds, seeds)
             rows.append(_row(section="client", dataset=spec, algorithm=alg, privacy="none",
-                             test_accuracy=acc, seeds=seeds, seconds=secs, note=note))
+                             heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
             _show(rows[-1])
             for e in epsilons:
                 cfg = UpcycledConfig(**base, privacy="client", noise_for_epsilon=e,
@@ -112,7 +112,7 @@ def client_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                 acc, eps, d, secs = _fl(alg, cfg, ds, rounds, seeds)
                 rows.append(_row(section="client", dataset=spec, algorithm=alg,
                                  privacy="client", target_epsilon=e, epsilon=eps, delta=d,
-                                 test_accuracy=acc, seeds=seeds, seconds=secs, note=note))
+                                 heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
                 _show(rows[-1])
     return rows
 
@@ -128,7 +128,7 @@ def record_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
     for alg in ("upcycled", "fedprox"):
         acc, _, _, secs = _fl(alg, UpcycledConfig(**base), ds, rounds, seeds)
         rows.append(_row(section="record", dataset=spec, algorithm=alg, privacy="none",
-                         test_accuracy=acc, seeds=seeds, seconds=secs, note=note))
+                         heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
         _show(rows[-1])
         for kind, extra in (("record", dict(l2_clip_norm=1.0)),
                             ("output", dict(l2_clip_norm=10.0, sensitivity="replace-one"))):
@@ -137,7 +137,7 @@ def record_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                                      noise_target="max", delta=1e-5, **extra)
                 acc, eps, d, secs = _fl(alg, cfg, ds, rounds, seeds)
                 rows.append(_row(section="record", dataset=spec, algorithm=alg, privacy=kind,
-                                 target_epsilon=e, epsilon=eps, delta=d, test_accuracy=acc,
+                                 target_epsilon=e, epsilon=eps, delta=d, heldout_accuracy=acc,
                                  seeds=seeds, seconds=secs, note=note))
                 _show(rows[-1])
     return rows
@@ -166,7 +166,7 @@ def scfl_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, Any
             rows.append(_row(section="scfl", dataset="digits (20 clients)", algorithm=alg,
                              privacy=kind, target_epsilon="" if e is None else e,
                              epsilon=p.get("epsilon_max", ""), delta=p.get("delta", ""),
-                             test_accuracy=r["history"][-1]["test_accuracy"], seeds=1,
+                             heldout_accuracy=r["history"][-1]["heldout_accuracy"], seeds=1,
                              seconds=secs / len(res), note=note))
             _show(rows[-1])
     return rows
@@ -191,13 +191,13 @@ def mapa_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, Any
                              **kw)
             ds = load_edges(cfg.dataset, edges=cfg.edges, seed=seed)
             r = mapa_run(alg, cfg, dataset=ds)
-            accs.append(r["history"][-1]["test_accuracy"])
+            accs.append(r["history"][-1]["heldout_accuracy"])
             if "privacy" in r:
                 eps.append(r["privacy"]["epsilon_max"])
         rows.append(_row(section="mapa", dataset="digits (30 edges)", algorithm=alg,
                          privacy=kind, target_epsilon="" if e is None else e,
                          epsilon=max(eps) if eps else "", delta=1e-5 if eps else "",
-                         test_accuracy=float(np.mean(accs)), seeds=seeds,
+                         heldout_accuracy=float(np.mean(accs)), seeds=seeds,
                          seconds=(time.perf_counter() - t0) / seeds, note=note))
         _show(rows[-1])
     return rows
@@ -221,21 +221,21 @@ def dprec_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, An
                                                        else ()))["algorithms"]
             secs = (time.perf_counter() - t0) / len(res)
             for alg, r in res.items():
-                acc = r["history"][-1]["test_accuracy"]
+                acc = r["history"][-1]["heldout_accuracy"]
                 if alg == "fedavg":
                     ref.append(acc)
                     continue
                 per.setdefault((alg, e), []).append(
                     (acc, r["privacy"]["epsilon_central"], secs))
     rows.append(_row(section="dprec", dataset="digits (100 clients)", algorithm="fedavg",
-                     privacy="none", test_accuracy=float(np.mean(ref)), seeds=seeds,
+                     privacy="none", heldout_accuracy=float(np.mean(ref)), seeds=seeds,
                      seconds=float("nan"), note=note))
     _show(rows[-1])
     for (alg, e), vals in per.items():
         kind = "client"
         rows.append(_row(section="dprec", dataset="digits (100 clients)", algorithm=alg,
                          privacy=kind, target_epsilon=e, epsilon=max(v[1] for v in vals),
-                         delta=1e-5, test_accuracy=float(np.mean([v[0] for v in vals])),
+                         delta=1e-5, heldout_accuracy=float(np.mean([v[0] for v in vals])),
                          seeds=seeds, seconds=float(np.mean([v[2] for v in vals])),
                          note=note + ("; replace-one" if alg == "dprec" else "; add-remove")))
         _show(rows[-1])
@@ -266,7 +266,7 @@ def opacus_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                  for seed in range(seeds)]
         rows.append(_row(section="opacus", dataset="digits (1 client)",
                          algorithm=f"{name} privkit", privacy="none",
-                         test_accuracy=float(np.mean(plain)), seeds=seeds,
+                         heldout_accuracy=float(np.mean(plain)), seeds=seeds,
                          seconds=time.perf_counter() - t0, note="no clipping, no noise"))
         _show(rows[-1])
         for e in epsilons:
@@ -298,7 +298,7 @@ def opacus_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                 rows.append(_row(section="opacus", dataset="digits (1 client)",
                                  algorithm=f"{name} {impl}", privacy="record",
                                  target_epsilon=e, epsilon=eps, delta=1e-5,
-                                 test_accuracy=float(np.mean(acc)), seeds=seeds, seconds=secs,
+                                 heldout_accuracy=float(np.mean(acc)), seeds=seeds, seconds=secs,
                                  note=note))
                 _show(rows[-1])
             print(f"    speed: privkit {t_theirs / t_ours:.2f}x Opacus's "
@@ -312,7 +312,7 @@ def _show(r: dict[str, Any]) -> None:
     e = ("" if r["target_epsilon"] == ""
          else f"eps {r['epsilon']:.3f} (target {r['target_epsilon']:g})")
     print(f"  {r['section']:<7} {r['dataset']:<28} {r['algorithm']:<16} {r['privacy']:<7} "
-          f"{e:<26} acc {r['test_accuracy']:.4f}  {r['seconds']:.1f} s", flush=True)
+          f"{e:<26} acc {r['heldout_accuracy']:.4f}  {r['seconds']:.1f} s", flush=True)
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -337,18 +337,19 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         lines = list(dict.fromkeys((r["algorithm"], r["privacy"]) for r in here
                                    if r["privacy"] != "none"))
         for alg, kind in lines:
-            pts = sorted((float(r["target_epsilon"]), float(r["test_accuracy"])) for r in here
+            pts = sorted((float(r["target_epsilon"]), float(r["heldout_accuracy"])) for r in here
                          if r["algorithm"] == alg and r["privacy"] == kind)
             ls, mk = styles[kinds.index(kind) % len(styles)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, marker=mk,
                     color=f"C{algs.index(alg)}", label=f"{alg} ({kind})")
         for r in (r for r in here if r["privacy"] == "none"):
-            ax.axhline(float(r["test_accuracy"]), ls="--", color=f"C{algs.index(r['algorithm'])}",
-                       alpha=0.6, label=f"{r['algorithm']} non-private")
+            ax.axhline(float(r["heldout_accuracy"]), ls="--",
+                       color=f"C{algs.index(r['algorithm'])}", alpha=0.6,
+                       label=f"{r['algorithm']} non-private")
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(EPSILONS), [f"{e:g}" for e in EPSILONS])
         ax.set_xlabel("epsilon (delta 1e-5)")
-        ax.set_ylabel("test accuracy")
+        ax.set_ylabel("held-out accuracy")
         ax.set_title(f"{sec}: {ds}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -398,13 +399,13 @@ def _summary(rows: list[dict[str, Any]]) -> None:
         k = (r["section"], r["dataset"], r["algorithm"], r["privacy"])
         if r["privacy"] != "none" and k not in keys:
             keys.append(k)
-    ref = {(r["section"], r["dataset"], r["algorithm"]): r["test_accuracy"]
+    ref = {(r["section"], r["dataset"], r["algorithm"]): r["heldout_accuracy"]
            for r in rows if r["privacy"] == "none"}
     eps = sorted({r["target_epsilon"] for r in rows if r["target_epsilon"] != ""})
     print(f"\n{'section':<7} {'dataset':<28} {'algorithm':<16} {'privacy':<7} "
           + " ".join(f"{'eps ' + format(e, 'g'):>8}" for e in eps) + f" {'non-priv':>8}")
     for k in keys:
-        accs = {r["target_epsilon"]: r["test_accuracy"] for r in rows
+        accs = {r["target_epsilon"]: r["heldout_accuracy"] for r in rows
                 if (r["section"], r["dataset"], r["algorithm"], r["privacy"]) == k}
         nonpriv = ref.get(k[:3])
         if nonpriv is None:  # the section's own non-private reference (ASGD, FedAvg)

@@ -62,15 +62,15 @@ def main() -> None:
                     out = Path(a.out) / f"{ds.replace(':', '_')}_{kind}_{mode}" / f"{alg}_s{seed}"
                     r = train(cfg, out=out, algorithm=alg)["algorithms"][alg]
                     f, p = r["history"][-1], r["privacy"]
-                    res[alg].append((p["epsilon_mean"], f["test_accuracy"], f["train_loss"]))
+                    res[alg].append((p["epsilon_mean"], f["heldout_accuracy"], f["heldout_loss"]))
             row = {"dataset": ds, "perturbation": kind, "setting": mode, "seeds": a.seeds,
                    "seconds": round(time.perf_counter() - t0, 1)}
             for alg, vals in res.items():
                 v = np.array(vals)
                 row[alg] = {"epsilon_mean": float(v[:, 0].mean()),
-                            "test_accuracy_mean": float(v[:, 1].mean()),
-                            "test_accuracy_range": [float(v[:, 1].min()), float(v[:, 1].max())],
-                            "train_loss_mean": float(v[:, 2].mean())}
+                            "heldout_accuracy_mean": float(v[:, 1].mean()),
+                            "heldout_accuracy_range": [float(v[:, 1].min()), float(v[:, 1].max())],
+                            "heldout_loss_mean": float(v[:, 2].mean())}
             summary.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{'dataset':<16} {'perturbation':<10} {'setting':<6} "
@@ -80,8 +80,8 @@ def main() -> None:
         u, f = r["upcycled"], r["fedprox"]
         print(f"{r['dataset']:<16} {r['perturbation']:<10} {r['setting']:<6} "
               f"{u['epsilon_mean']:>8.3f} {f['epsilon_mean']:>8.3f} "
-              f"{u['test_accuracy_mean']:>8.3f} {f['test_accuracy_mean']:>8.3f} "
-              f"{u['train_loss_mean']:>8.3f} {f['train_loss_mean']:>9.3f}")
+              f"{u['heldout_accuracy_mean']:>8.3f} {f['heldout_accuracy_mean']:>8.3f} "
+              f"{u['heldout_loss_mean']:>8.3f} {f['heldout_loss_mean']:>9.3f}")
 
 
 if __name__ == "__main__":

@@ -306,7 +306,8 @@ def ghost_clients(module: nn.Module, params: Mapping[str, Tensor], rest: Mapping
         return functional_call(module, (p, dict(rest)), (xk,)), tuple(ctx.saved)
 
     with recording(entries, ctx.hook_for), torch.enable_grad():
-        out, saved = vmap(forward)(dict(params), x, *eps)
+        # random layers (dropout) draw from torch's global generator, differently per client
+        out, saved = vmap(forward, randomness="different")(dict(params), x, *eps)
         # per-example losses of all K B examples at once, outside vmap (much faster there)
         flat = tree_flatten(y)
         losses = loss_fn(tree_unflatten([t.flatten(0, 1) for t in tree_flatten(out)[0]],

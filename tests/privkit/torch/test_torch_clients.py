@@ -313,3 +313,13 @@ def test_bad_arguments_are_named():
         pt.ClientsDpSgd(l2_clip_norm=1.0, noise_multiplier=1.0)
     with pytest.raises(InvalidParameterError, match="momentum"):
         pt.LocalSgd(lr=0.1, momentum=1.0)
+
+
+def test_dropout_trains_in_the_batched_form():
+    # random layers draw from torch's global generator, differently per client
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 8), nn.Dropout(0.3), nn.ReLU(), nn.Linear(8, 3))
+    params, data = _stack(net, K, spread=0.0), _data(torch.float32)
+    dp = pt.ClientsDpSgd(net, l2_clip_norm=0.5, noise_multiplier=0.8)
+    out = dp.run(params, data, **_kw(net, anchor=None, update=pt.LocalSgd(lr=0.1)))
+    assert all(bool(torch.isfinite(v).all()) for v in out.values())

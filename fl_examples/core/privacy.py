@@ -22,16 +22,14 @@ import privkit
 from privkit import _validate
 from privkit.errors import BudgetExceededError, InvalidParameterError
 from privkit.ledger import Ledger
+from privkit.mechanisms import perturbation as _pert
 
 __all__ = ["PRIVACY_KINDS", "SENSITIVITIES", "PrivacyPlan", "calibrate", "BudgetStop",
            "logreg_lipschitz", "logreg_smoothness", "clip_features", "smallest_batch"]
 
 PRIVACY_KINDS = ("none", "output", "objective", "client", "record")
-SENSITIVITIES = {
-    "replace-one": privkit.Sensitivity.CLIP_REPLACE_ONE,
-    "paper": privkit.Sensitivity.PAPER,
-    "strongly-convex": privkit.Sensitivity.STRONGLY_CONVEX,
-}
+#: Output perturbation's sensitivities (:data:`privkit.mechanisms.perturbation.SENSITIVITIES`).
+SENSITIVITIES = _pert.SENSITIVITIES
 
 
 def logreg_lipschitz(feature_norm: float) -> float:
@@ -46,13 +44,8 @@ def logreg_smoothness(feature_norm: float) -> float:
     return 0.5 * (feature_norm * feature_norm + 1.0)
 
 
-def smallest_batch(size: int, batch_size: int) -> int:
-    """The smallest minibatch the local solver forms for a client of ``size`` records: each
-    epoch's last minibatch holds ``size mod b`` rows when b does not divide it, and the
-    gradient is the mean over the rows present, so a record there weighs 1/(size mod b)."""
-    b = min(batch_size, size)
-    r = size % b
-    return r if r else b
+#: The smallest minibatch local SGD forms (:func:`privkit.mechanisms.perturbation.smallest_batch`).
+smallest_batch = _pert.smallest_batch
 
 
 def clip_features(ds: Any, feature_norm: float) -> Any:
@@ -122,32 +115,10 @@ class PrivacyPlan:
     glm: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind not in ("output", "objective"):
-            raise InvalidParameterError("privacy", self.kind, "output or objective")
-        if self.kind == "output":
-            if self.sensitivity not in SENSITIVITIES:
-                raise InvalidParameterError("sensitivity", self.sensitivity,
-                                            f"one of {', '.join(SENSITIVITIES)}")
-            if self.sensitivity == "strongly-convex":
-                if self.lipschitz_model is None:
-                    raise InvalidParameterError(
-                        "lipschitz", None, "given (u1, the per-example gradient bound) for "
-                        "strongly-convex sensitivity")
-                if self.momentum != 0 or not self.glm:
-                    raise InvalidParameterError(
-                        "sensitivity", self.sensitivity,
-                        "used with a convex model (logreg) and momentum 0: its bound does not "
-                        "hold for momentum SGD or non-convex models")
-            self.mechanism(0)  # validate now
-        else:
-            if not self.allow_unproven:
-                why = ("the model is not a GLM" if not self.glm else
-                       "the local solver is minibatch SGD, not an exact minimiser")
-                raise InvalidParameterError(
-                    "privacy", "objective",
-                    f"used only where Thm C.2 holds ({why}); pass --allow-unproven to run it "
-                    "with its epsilon marked NOT PROVEN")
-            self.mechanism(0)
+        _pert.check_perturbation(self.kind, sensitivity=self.sensitivity,
+                                 lipschitz_model=self.lipschitz_model, momentum=self.momentum,
+                                 glm=self.glm, allow_unproven=self.allow_unproven)
+        self.mechanism(0)  # validate now
 
     def mechanism(self, client: int) -> Any:
         """The privkit mechanism of ``client`` (its |D_i| enters the sensitivity or epsilon)."""
@@ -159,21 +130,12 @@ class PrivacyPlan:
         return tuple(self._build(int(n)) for n in self.sizes)
 
     def _build(self, n: int) -> Any:
-        if self.kind == "output":
-            mode = SENSITIVITIES[self.sensitivity]
-            kw: dict[str, Any] = {"sensitivity_mode": mode}
-            if mode is privkit.Sensitivity.PAPER:
-                kw["dataset_size"] = n
-            elif mode is privkit.Sensitivity.STRONGLY_CONVEX:
-                kw.update(dataset_size=n, lipschitz=self.lipschitz_model,
-                          strong_convexity=self.proximal_mu, solver=privkit.Solver.MINIBATCH_SGD,
-                          batch_size=smallest_batch(n, self.batch_size))
-            return privkit.GaussianOutputPerturbation.from_stddev(self.l2_clip_norm, self.stddev,
-                                                                  **kw)
-        return privkit.ObjectivePerturbation(
-            alpha=self.alpha, dataset_size=n, proximal_mu=self.proximal_mu,
+        return _pert.perturbation_mechanism(
+            self.kind, n, l2_clip_norm=self.l2_clip_norm, stddev=self.stddev,
+            sensitivity=self.sensitivity, alpha=self.alpha, proximal_mu=self.proximal_mu,
             lipschitz=self.lipschitz, smoothness=self.smoothness, rank=self.rank,
-            glm=self.glm, exact_solver=False, allow_unproven=self.allow_unproven)
+            lipschitz_model=self.lipschitz_model, batch_size=self.batch_size,
+            momentum=self.momentum, allow_unproven=self.allow_unproven, glm=self.glm)
 
     @property
     def proven(self) -> bool:

@@ -1,57 +1,5 @@
-"""One seed tree per comparison: the same draws for every algorithm.
+"""The seed tree the trainers share: :class:`privkit.seeds.SeedTree` (one implementation)."""
 
-Every random stream a trainer uses (client subsets, stragglers, batch order,
-initialisation, noise) is derived from ``(seed, round, stream name)`` with
-:class:`numpy.random.SeedSequence`, never from a global generator. Two
-algorithms run with the same seed therefore see the same client subsets and
-stragglers in round t, whatever else they draw.
-
-Example:
-    >>> tree = SeedTree(7)
-    >>> a = tree.numpy(3, "clients").integers(0, 100, 5)
-    >>> b = SeedTree(7).numpy(3, "clients").integers(0, 100, 5)
-    >>> bool((a == b).all())
-    True
-"""
-
-from __future__ import annotations
-
-import zlib
-from typing import Any
-
-import numpy as np
-
-from privkit import _validate
+from privkit.seeds import STREAMS, SeedTree
 
 __all__ = ["SeedTree", "STREAMS"]
-
-#: Stream names and their fixed ids (part of the reproducibility contract).
-STREAMS = {"init": 0, "clients": 1, "stragglers": 2, "batches": 3, "noise": 4, "eval": 5}
-
-
-def _stream_id(stream: str) -> int:
-    if stream in STREAMS:
-        return STREAMS[stream]
-    return 1000 + zlib.crc32(stream.encode("utf-8"))  # stable across processes
-
-
-class SeedTree:
-    """Deterministic generators keyed by (round, stream) under one root seed."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = _validate.nonnegative_int("seed", seed)
-
-    def sequence(self, round_: int, stream: str) -> np.random.SeedSequence:
-        return np.random.SeedSequence(self.seed, spawn_key=(int(round_), _stream_id(stream)))
-
-    def numpy(self, round_: int, stream: str) -> np.random.Generator:
-        """A fresh numpy Generator for this round and stream."""
-        return np.random.default_rng(self.sequence(round_, stream))
-
-    def torch(self, round_: int, stream: str, device: Any = "cpu") -> Any:
-        """A fresh torch.Generator on ``device`` for this round and stream."""
-        import torch
-
-        g = torch.Generator(device=device)
-        g.manual_seed(int(self.sequence(round_, stream).generate_state(1, np.uint64)[0] >> 1))
-        return g

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 import privkit
 from privkit import _validate
 from privkit._rng import SecureRandom
-from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.errors import InvalidParameterError
 from privkit.torch._ghost import ghost_clients, trace
 from privkit.torch.grads import (
     GradMethod,
@@ -218,21 +218,15 @@ class ClientsDpSgd:
 
     def _charge(self, ledger: Any, client_ids: list[Any], q: Tensor, steps: Tensor,
                 label: str, round_: int | None) -> None:
+        """Every client with steps, its own step event ``s_i`` times: one all-or-nothing
+        ledger write (clients grouped by their event)."""
         groups: dict[tuple[float, int], list[Any]] = {}
         for cid, qi, si in zip(client_ids, q.tolist(), steps.tolist()):
             if si > 0:
                 groups.setdefault((qi, si), []).append(cid)
-        over = []
-        for (qi, si), ids in groups.items():
-            bad = ledger.would_exceed(ids, self.step_event(qi), count=si)
-            over += [c for c, b in zip(ids, bad) if b]
-        if over:
-            raise BudgetExceededError(
-                f"DP-SGD would exceed the ledger's epsilon budget for {len(over)} client(s): "
-                f"{', '.join(map(repr, over[:5]))}{' ...' if len(over) > 5 else ''}; nothing "
-                "was charged or trained")
-        for (qi, si), ids in groups.items():
-            ledger.spend(ids, self.step_event(qi), count=si, label=label, round=round_)
+        if groups:
+            ledger.spend_many([(ids, self.step_event(qi), si)
+                               for (qi, si), ids in groups.items()], label=label, round=round_)
 
     # ------------------------------------------------------------------ checks
     def _setup(self, params: Mapping[str, Tensor], data: ClientBatch, steps: Any,

@@ -188,12 +188,10 @@ class _SpyLedger:
         self.log = log
         self.real = Ledger.create(None, population_id="spy", delta=1e-5, epsilon_budget=budget)
 
-    def would_exceed(self, *a, **kw):
-        return self.real.would_exceed(*a, **kw)
-
-    def spend(self, ids, event, *, count=1, **kw):
-        self.log.events.append(("charge", tuple(ids), event, count))
-        return self.real.spend(ids, event, count=count, **kw)
+    def spend_many(self, charges, **kw):
+        receipt = self.real.spend_many(charges, **kw)
+        self.log.events += [("charge", tuple(ids), event, count) for ids, event, count in charges]
+        return receipt
 
 
 def test_each_client_is_charged_its_own_steps_before_any_noise(monkeypatch):
@@ -227,7 +225,7 @@ def test_over_budget_nothing_is_charged_or_trained(monkeypatch):
     net = _mlp()
     ledger = _SpyLedger(log, budget=1.0)
     dp = pt.ClientsDpSgd(net, l2_clip_norm=0.5, noise_multiplier=0.8)
-    with pytest.raises(BudgetExceededError, match="nothing was charged"):
+    with pytest.raises(BudgetExceededError, match="nothing was recorded"):
         dp.run(_stack(net, K), _data(), **_kw(net), ledger=ledger)
     assert log.events == [] and ledger.real.epsilons() == {}
 

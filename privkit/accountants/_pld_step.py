@@ -6,11 +6,11 @@ See :mod:`privkit.accountants.fftpld` for the method and its guarantees.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from privkit.accountants._atoms import PureAtom
 from privkit.errors import UnsupportedEventError
 
 #: Largest FFT window (grid points); beyond it the grid is made coarser. One step's PMF may
@@ -35,27 +35,6 @@ _LAMBDAS = np.geomspace(1e-2, 1e4, 11)
 class _TooFine(Exception):
     def __init__(self, n: int) -> None:
         self.n = n
-
-
-# ------------------------------------------------------------------ atoms
-@dataclass(frozen=True)
-class GaussianAtom:
-    """One use of the Gaussian mechanism (``q = 1``) or its Poisson-subsampled version.
-
-    Attributes:
-        noise_multiplier: z = stddev / sensitivity, > 0.
-        sampling_probability: q in (0, 1].
-    """
-
-    noise_multiplier: float
-    sampling_probability: float = 1.0
-
-
-@dataclass(frozen=True)
-class PureAtom:
-    """One use of an epsilon-DP mechanism, priced as randomized response RR(epsilon)."""
-
-    epsilon: float
 
 
 class _Pair:
@@ -397,7 +376,8 @@ def _split_both(ell_lo: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray, 
     for a, d in ((a_r, dens_r), (a_a, dens_a)):
         a = np.clip(np.nan_to_num(a, nan=1.0, posinf=1.0, copy=False), 0.0, 1.0, out=a)
         a *= d
-        lower, total = a[:n] + a[n:], d[:n] + d[n:]
+        lower: np.ndarray = a[:n] + a[n:]
+        total: np.ndarray = d[:n] + d[n:]
         if cell is not None:
             lower = np.bincount(cell, weights=lower, minlength=width.size)
             total = np.bincount(cell, weights=total, minlength=width.size)

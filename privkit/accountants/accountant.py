@@ -27,8 +27,9 @@ import numpy as np
 
 from privkit import _validate
 from privkit._dpa import dp_event
-from privkit.accountants import fftpld, gaussian, pure, rdp, rules
-from privkit.accountants import pld as pld_acc
+from privkit._lazy import LazyModule
+from privkit.accountants import gaussian, rdp, rules
+from privkit.accountants._atoms import GaussianAtom
 from privkit.accountants.rules import (
     Composition,
     NeighboringRelation,
@@ -39,6 +40,11 @@ from privkit.accountants.rules import (
     rdp_curve,
 )
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
+
+# Loaded on first use (privkit's start-up): the PLDs and pure composition.
+fftpld: Any = LazyModule("privkit.accountants.fftpld")
+pure: Any = LazyModule("privkit.accountants.pure")
+pld_acc: Any = LazyModule("privkit.accountants.pld")
 
 __all__ = [
     "Method",
@@ -186,7 +192,7 @@ def _unsampled_rho(comp: Composition) -> float | None:
     total = 0.0
     for atom, n in comp.atoms:
         a = rules.fft_atom(atom)
-        if not isinstance(a, fftpld.GaussianAtom):
+        if not isinstance(a, GaussianAtom):
             return None
         z = a.noise_multiplier
         total += n * (0.5 / z / z)

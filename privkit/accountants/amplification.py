@@ -19,7 +19,7 @@ import numpy as np
 
 from privkit import _validate
 from privkit.accountants import rules
-from privkit.accountants.fftpld import PureAtom
+from privkit.accountants._atoms import PureAtom
 from privkit.errors import UnsupportedEventError
 from privkit.events import PoissonSampledPureDpEvent, register_event_module
 

@@ -29,6 +29,7 @@ from typing import Any
 from privkit import _validate
 from privkit._dpa import dp_event
 from privkit.accountants import fftpld, gaussian, pld
+from privkit.accountants._atoms import GaussianAtom
 from privkit.accountants._solve import (  # _solve_noise is also imported from here
     _MAX_DOUBLINGS,
     _secant_bracket,
@@ -170,7 +171,7 @@ def _clt_epsilon(event: Any, d: float) -> float:
         return math.nan
     mu2 = 0.0
     for a, n in atoms:
-        if not isinstance(a, fftpld.GaussianAtom):
+        if not isinstance(a, GaussianAtom):
             return math.nan
         z, q = a.noise_multiplier, a.sampling_probability
         with_q = q * q * math.expm1(min(1 / (z * z), 700.0))

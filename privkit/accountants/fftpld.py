@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from privkit.accountants._atoms import GaussianAtom, PureAtom
 from privkit.accountants._pld_compose import (
     _as_pmf,
     _compose,
@@ -55,8 +56,6 @@ from privkit.accountants._pld_compose import (
 )
 from privkit.accountants._pld_step import (
     MAX_POINTS,
-    GaussianAtom,
-    PureAtom,
     _directions,
     _gaussian_pmf,
     _moments,

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from privkit.accountants import rules
-from privkit.accountants.fftpld import PureAtom
+from privkit.accountants._atoms import PureAtom
 from privkit.accountants.rules import pld_lib
 from privkit.events import (
     JACOBIAN_CONSTANT,

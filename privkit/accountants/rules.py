@@ -54,7 +54,7 @@ from privkit import _validate
 from privkit._dpa import dp_event
 from privkit._dpa import privacy_accountant as pa
 from privkit._lazy import LazyModule
-from privkit.accountants.fftpld import GaussianAtom, PureAtom
+from privkit.accountants._atoms import GaussianAtom, PureAtom
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import PureDpEvent
 

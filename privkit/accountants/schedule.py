@@ -85,6 +85,8 @@ def schedule(*, steps: Any = None, epochs: Any = None, sampling_probability: Any
                                     + ("batch size" if name == "dataset_size" else
                                        "dataset size") + " (the sampling probability is "
                                     "batch size / dataset size)")
+    b: int | None = None
+    n: int | None = None
     if batch_size is not None:
         b = _validate.positive_int("batch_size", batch_size)
         n = _validate.positive_int("dataset_size", dataset_size)
@@ -93,7 +95,6 @@ def schedule(*, steps: Any = None, epochs: Any = None, sampling_probability: Any
                                         f"at most the dataset size {n}")
         q = b / n
     else:
-        b = n = None
         q = 1.0 if sampling_probability is None else _validate.probability(
             "sampling_probability", sampling_probability)
     per_epoch = steps_per_epoch(q, b, n)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_examples.core.dpsgd import DpSgdSettings, local_dpsgd
+from fl_examples.core.dpsgd import DpSgdSettings, client_streams, local_dpsgd
 from fl_examples.core.local import pad_clients
 from fl_examples.core.models import MLP, MultinomialLogReg
 
@@ -54,8 +54,8 @@ def privkit_run(name: str, data: tuple[np.ndarray, ...], *, clip: float, z: floa
     t0 = time.perf_counter()
     out = local_dpsgd(model, p, {k: v[0] for k, v in p.items()}, cd,
                       epochs=torch.tensor([epochs]), settings=DpSgdSettings(clip, z, batch),
-                      lr=lr, momentum=momentum, proximal_mu=0.0,
-                      generator=torch.Generator().manual_seed(seed))
+                      lr=lr, momentum=momentum, proximal_mu=0.0, clients=[0],
+                      rng=client_streams(seed, 1))
     secs = time.perf_counter() - t0
     return _accuracy(model, out, xte, yte), secs
 

@@ -11,7 +11,7 @@ import torch
 
 from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.core.dp_modes import charge_entries
-from fl_examples.core.dpsgd import local_dpsgd
+from fl_examples.core.dpsgd import client_streams, local_dpsgd
 from fl_examples.core.local import local_sgd
 from fl_examples.core.privacy import (
     BudgetStop,
@@ -271,7 +271,7 @@ class _Run(TrainerRun):
         sel, epochs = self._selection(r)
         if len(sel) == 0:
             return {k: v.clone() for k, v in self.w.items()}
-        noise = self._charge(r, sel, epochs)  # the noise enters training: charge first
+        self._charge(r, sel, epochs)  # the noise enters training: charge first
         idx = torch.as_tensor(sel, device=self.device)
         t0 = time.perf_counter()
         local = local_dpsgd(
@@ -279,7 +279,8 @@ class _Run(TrainerRun):
             epochs=torch.as_tensor(epochs, device=self.device),
             settings=self.plan.settings,  # type: ignore[union-attr]
             lr=cfg.lr, momentum=cfg.momentum,
-            proximal_mu=0.0 if self.algorithm == "fedavg" else cfg.mu, generator=noise)
+            proximal_mu=0.0 if self.algorithm == "fedavg" else cfg.mu, clients=sel,
+            rng=self.secure or client_streams(cfg.seed, r))
         self._check_finite(local, sel, r)
         self.compute += time.perf_counter() - t0
         return aggregate(local, self.p[idx])

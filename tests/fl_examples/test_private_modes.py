@@ -23,7 +23,7 @@ import privkit
 from fl_examples.core import dpsgd
 from fl_examples.core.data import parse_dataset_spec
 from fl_examples.core.dp_modes import POPULATION, ClientDpPlan
-from fl_examples.core.dpsgd import DpSgdSettings, local_dpsgd, local_dpsgd_reference
+from fl_examples.core.dpsgd import DpSgdSettings, local_dpsgd
 from fl_examples.core.local import pad_clients
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.seeds import SeedTree
@@ -209,7 +209,10 @@ class _Materialised:
 
 @pytest.mark.parametrize("model_name", ["logreg", "mlp", "mlp-materialised"])
 def test_batched_dpsgd_equals_the_per_client_loop(model_name):
-    data, _, _ = _clients([7, 12, 3, 20])
+    """The trainers' DP-SGD is privkit.torch's engine: K clients batched equal each client run
+    alone with its own stream (its draws never depend on the other clients)."""
+    sizes, ids, epochs = [7, 12, 3, 20], [11, 4, 29, 8], [2, 1, 3, 0]
+    data, xs, ys = _clients(sizes)
     model = MultinomialLogReg(6, 3) if model_name == "logreg" else MLP(6, 5, 3)
     if model_name == "mlp-materialised":
         model = _Materialised(model)
@@ -217,13 +220,15 @@ def test_batched_dpsgd_equals_the_per_client_loop(model_name):
     p = model.init(4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     bar = {k: v[0] for k, v in p.items()}
     s = DpSgdSettings(l2_clip_norm=0.5, noise_multiplier=0.7, batch_size=4)
-    kw = dict(epochs=torch.tensor([2, 1, 3, 0]), settings=s, lr=0.2, momentum=0.5,
-              proximal_mu=0.1)
-    a = local_dpsgd(model, p, bar, data, generator=torch.Generator().manual_seed(5), **kw)
-    b = local_dpsgd_reference(model, p, bar, data, generator=torch.Generator().manual_seed(5),
-                              **kw)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-9, atol=1e-9)
+    kw = dict(settings=s, lr=0.2, momentum=0.5, proximal_mu=0.1,
+              rng=dpsgd.client_streams(5, 3))
+    a = local_dpsgd(model, p, bar, data, epochs=torch.tensor(epochs), clients=ids, **kw)
+    for i in range(4):
+        one = pad_clients([xs[i]], [ys[i]], dtype=torch.float64)
+        b = local_dpsgd(model, {k: v[i:i + 1] for k, v in p.items()}, bar, one,
+                        epochs=torch.tensor([epochs[i]]), clients=[ids[i]], **kw)
+        for k in a:
+            torch.testing.assert_close(a[k][i], b[k][0], rtol=1e-9, atol=1e-9)
     for k in a:  # client 3 runs no step
         torch.testing.assert_close(a[k][3], p[k][3])
 
@@ -237,7 +242,8 @@ def _one_step_change(records_x, records_y, lr, clip):
     bar = {k: v[0] for k, v in p.items()}
     s = DpSgdSettings(l2_clip_norm=clip, noise_multiplier=1e-12, batch_size=len(records_y))
     out = local_dpsgd(model, p, bar, data, epochs=torch.tensor([1]), settings=s, lr=lr,
-                      momentum=0.0, proximal_mu=0.0, generator=torch.Generator().manual_seed(0))
+                      momentum=0.0, proximal_mu=0.0, clients=[0],
+                      rng=dpsgd.client_streams(0, 1))
     return torch.cat([v.reshape(-1) for v in out.values()])
 
 
@@ -259,16 +265,18 @@ def test_per_example_clipping_bounds_each_record():
 
 
 def test_a_mutant_that_clips_the_batch_mean_fails(monkeypatch):
-    def clip_mean(model, theta, data, rows, weights, settings, expected, noise):
-        k = theta.shape[0]
-        ar = torch.arange(k)[:, None]
-        g = model.per_example_grads(theta, data.x[ar, rows], data.y[ar, rows])
-        g = (g * weights[:, :, None]).sum(1) / weights.sum(1, keepdim=True)  # batch mean
-        norm = torch.linalg.vector_norm(g, dim=1, keepdim=True)
-        g = g * torch.clamp(settings.l2_clip_norm / norm, max=1.0)
-        return (g * weights.sum(1, keepdim=True) + noise) / expected[:, None]
+    def mutant(model):
+        def clip_mean(theta, x, y, factor):
+            g = model.per_example_grads(theta, x, y)  # (K, B, d)
+            w = (factor(torch.zeros(g.shape[:2], dtype=torch.float64)) > 0).to(g.dtype)
+            mean = (g * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # the batch mean
+            f = factor(torch.linalg.vector_norm(mean.to(torch.float64), dim=1,
+                                                keepdim=True).expand_as(w))[:, :1]
+            return mean * f.to(g.dtype) * w.sum(1, keepdim=True)
 
-    monkeypatch.setattr(dpsgd, "_noisy_step_grads", clip_mean)
+        return clip_mean
+
+    monkeypatch.setattr(dpsgd, "clipped_sum_fn", mutant)
     assert not _influence_bounded()
 
 
@@ -304,7 +312,8 @@ def test_record_mode_needs_per_example_gradients(digits):
     with pytest.raises(InvalidParameterError, match="model"):
         local_dpsgd(NoPerExample(), {"w": torch.zeros(1, 3)}, {"w": torch.zeros(3)}, data,
                     epochs=torch.tensor([1]), settings=DpSgdSettings(1.0, 1.0, 2), lr=0.1,
-                    momentum=0.0, proximal_mu=0.0, generator=torch.Generator())
+                    momentum=0.0, proximal_mu=0.0, clients=[0],
+                    rng=dpsgd.client_streams(0, 1))
 
 
 def test_record_mode_learns_and_resumes_without_double_charging(tmp_path, digits):

@@ -79,7 +79,6 @@ def flower(rounds: int, private: bool = False
     logging.getLogger("flwr").setLevel(logging.WARNING)  # a finished simulation resets it
 
     from fl_examples.flower import (
-        ClientLevelDP,
         PrivkitFedProx,
         initial_arrays,
         load_federated,
@@ -87,6 +86,7 @@ def flower(rounds: int, private: bool = False
         make_server_app,
     )
     from fl_examples.flower.client import make_model
+    from privkit.flower import ClientLevelDP
 
     ds = load_federated(SPEC, SEED)
     marks: dict[int, float] = {}

@@ -31,9 +31,10 @@ from fl_examples.core.local import BatchOrder, ClientData, batch_orders, local_s
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.rounds import broadcast, evaluate, to_client_data
 from fl_examples.core.seeds import SeedTree
-from fl_examples.flower import records as keys
-from fl_examples.flower.mods import dpsgd_request
 from privkit.errors import InvalidParameterError
+from privkit.flower import records as keys
+from privkit.flower.mods import DpSgdRequest, dpsgd_request
+from privkit.torch import ClientStreams
 
 __all__ = ["local_update", "roster_reply", "make_client_app", "load_federated", "make_model",
            "partition_id", "BATCH_ORDERS"]
@@ -114,7 +115,7 @@ def _own_order(config: Mapping[str, Any], client: int, size: int, epochs: int,
 def local_update(model: Any, global_params: Mapping[str, torch.Tensor], data: ClientData,
                  config: Mapping[str, Any], *, client: int,
                  linear_term: Mapping[str, torch.Tensor] | None = None,
-                 dpsgd: tuple[DpSgdSettings, int] | None = None) -> dict[str, torch.Tensor]:
+                 dpsgd: DpSgdRequest | None = None) -> dict[str, torch.Tensor]:
     """One client's local solve from the global model, as the train message configures it.
 
     Args:
@@ -126,8 +127,9 @@ def local_update(model: Any, global_params: Mapping[str, torch.Tensor], data: Cl
             and the batch-order entries).
         client: this client's index.
         linear_term: objective perturbation's n (``{name: tensor}``), added to every gradient.
-        dpsgd: (settings, noise seed) from :class:`~fl_examples.flower.mods.DpSgdMod`: train
-            with record-level DP-SGD instead (:func:`fl_examples.core.dpsgd.local_dpsgd`,
+        dpsgd: the request of :class:`privkit.flower.DpSgdMod`: train
+            with record-level DP-SGD instead (privkit's engine through
+            :func:`fl_examples.core.dpsgd.local_dpsgd`, the client's own stream,
             ``epochs * ceil(n / b)`` steps on Poisson minibatches; ``batch-size`` and the
             batch order of the config are not used then).
 
@@ -148,11 +150,11 @@ def local_update(model: Any, global_params: Mapping[str, torch.Tensor], data: Cl
     if dpsgd is not None:
         if linear_term is not None:
             raise InvalidParameterError("dpsgd", "with linear_term", "one mechanism at a time")
-        settings, noise_seed = dpsgd
-        gen = torch.Generator(device=dev).manual_seed(int(noise_seed))
+        settings = DpSgdSettings(dpsgd.l2_clip_norm, dpsgd.noise_multiplier, dpsgd.batch_size)
         out = local_dpsgd(model, broadcast(dict(global_params), 1), dict(global_params), data,
                           epochs=torch.tensor([epochs], device=dev), settings=settings,
-                          generator=gen, **common)
+                          clients=[client], rng=ClientStreams(seed=int(dpsgd.noise_seed)),
+                          **common)
         return {k: v[0] for k, v in out.items()}
     order = _own_order(config, client, size, epochs, dev)
     lin = None if linear_term is None else {k: v.unsqueeze(0) for k, v in linear_term.items()}
@@ -224,7 +226,7 @@ def make_client_app(*, dataset: str | None = None, seed: int | None = None,
         if dpsgd is not None:
             metrics[keys.DPSGD_STEPS] = int(steps_per_client(
                 [int(ds.train_sizes[cid])], [int(config[keys.LOCAL_EPOCHS])],
-                dpsgd[0].batch_size)[0])
+                dpsgd.batch_size)[0])
         return Message(RecordDict({keys.ARRAYS: keys.to_record(new),
                                    keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
 

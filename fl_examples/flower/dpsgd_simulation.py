@@ -23,7 +23,6 @@ import numpy as np
 import privkit
 from fl_examples.core.dpsgd import DpSgdSettings, round_event, steps_per_client
 from fl_examples.flower import (
-    DpSgdMod,
     PrivkitFedProx,
     central_evaluate_fn,
     initial_arrays,
@@ -31,6 +30,7 @@ from fl_examples.flower import (
     make_client_app,
 )
 from fl_examples.flower.client import make_model
+from privkit.flower import DpSgdMod
 
 
 def client_epsilons(sizes: Any, *, rounds: int, local_epochs: int, settings: DpSgdSettings,

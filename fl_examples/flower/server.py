@@ -20,9 +20,9 @@ from flwr.serverapp.strategy import Result
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.rounds import evaluate, to_client_data
 from fl_examples.core.seeds import SeedTree
-from fl_examples.flower import records as keys
 from fl_examples.flower.strategy import PrivkitFedProx
 from privkit.errors import InvalidParameterError
+from privkit.flower import records as keys
 
 __all__ = ["central_evaluate_fn", "initial_arrays", "make_server_app", "result_summary"]
 

@@ -44,12 +44,13 @@ from flwr.supercore import log
 from fl_examples.core.privacy import BudgetStop
 from fl_examples.core.rounds import aggregate, sample_clients, straggler_epochs
 from fl_examples.core.seeds import SeedTree
-from fl_examples.flower import records as keys
 from fl_examples.flower.client import BATCH_ORDERS
-from fl_examples.flower.privacy import PrivacySettings, ServerAccountant
+from fl_examples.flower.privacy import ServerAccountant
 from fl_examples.upcycled import UpcycledConfig, extrapolation
 from privkit import _validate
 from privkit.errors import InvalidParameterError
+from privkit.flower import records as keys
+from privkit.flower.settings import PrivacySettings
 from privkit.ledger import Ledger
 
 __all__ = ["PrivkitFedProx", "UpcycledFedProx"]

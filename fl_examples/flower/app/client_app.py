@@ -6,12 +6,8 @@ training behind privkit's output-perturbation, objective-perturbation and DP-REC
 server picks one with its ``privacy`` setting). Data, seed and model come from the run config.
 """
 
-from fl_examples.flower import (
-    ObjectivePerturbationMod,
-    OutputPerturbationMod,
-    RecMod,
-    make_client_app,
-)
+from fl_examples.flower import make_client_app
+from privkit.flower import ObjectivePerturbationMod, OutputPerturbationMod, RecMod
 
 app = make_client_app(train_actions={"output": [OutputPerturbationMod()],
                                      "objective": [ObjectivePerturbationMod()],

@@ -34,7 +34,6 @@ privacy on the same nodes, and the last log line puts both final accuracies side
 from __future__ import annotations
 
 import json
-import math
 import time
 from logging import INFO
 from pathlib import Path
@@ -47,8 +46,6 @@ from flwr.supercore import log
 
 import privkit
 from fl_examples.flower import (
-    ClientLevelDP,
-    PrivacySettings,
     PrivkitFedProx,
     UpcycledFedProx,
     central_evaluate_fn,
@@ -58,8 +55,9 @@ from fl_examples.flower import (
 from fl_examples.flower.client import make_model
 from fl_examples.flower.server import result_summary
 from privkit.errors import InvalidParameterError
+from privkit.flower import ClientLevelDP, PrivacySettings
 from privkit.ledger import Ledger
-from privkit.mechanisms.aggregate import TRUST_ASSUMPTION, ClientLevelGaussian
+from privkit.mechanisms.aggregate import ClientLevelGaussian
 
 PRIVACY = ("none", "client", "output", "objective", "rec")
 EVALUATION = ("server", "clients")
@@ -191,26 +189,7 @@ def run_summary(result: Result, strategy: Strategy, seconds: float) -> dict[str,
     out["accuracy"] = float(evals[max(evals)]["accuracy"]) if evals else None
     out["seconds"] = seconds
     if isinstance(strategy, ClientLevelDP):
-        m = strategy.mechanism
-        rounds = strategy.charged_rounds()
-        k = max(1, math.ceil(strategy.client_rate * rounds)) if rounds else 0
-        out["privacy"] = {
-            "mechanism": "client-level DP-FedAvg (ClientLevelDP)", "privacy_unit": "client",
-            "epsilon": strategy.epsilon(), "delta": float(strategy.ledger.delta),
-            "neighboring_relation": "add_or_remove_one client",
-            "epsilon_unamplified": {
-                "expected_participations": k,
-                "epsilon_at_expected": strategy.epsilon_unamplified(k),
-                "note": "against the server, which knows the sample: a client in k rounds, "
-                        "no amplification"},
-            "noise_multiplier": float(m.noise_multiplier), "l2_clip_norm": float(m.l2_clip_norm),
-            "client_rate": strategy.client_rate, "num_clients": strategy.num_clients,
-            "trust": TRUST_ASSUMPTION,
-            "randomness": {"source": "os_csprng" if strategy.seed is None else "seed",
-                           "note": "client sampling and noise from privkit's SecureRandom"
-                           if strategy.seed is None else "seeded: a simulation"},
-            "public": [f"N = {strategy.num_clients}", f"q = {strategy.client_rate:g} and the "
-                       f"divisor q N = {strategy.expected_clients:g}", "the number of rounds"],
+        out["privacy"] = strategy.report() | {
             "evaluation": out["evaluation"] + (": the held-out set, no client's data" if
                                                out["evaluation"] == "server" else ""),
             "not_covered": [{"field": "seconds", "reason": "wall-clock time"}] + (

@@ -26,10 +26,11 @@ tomllib = pytest.importorskip("tomllib", reason="reading the app's pyproject nee
 from flwr.app import Context, RecordDict  # noqa: E402
 
 import privkit  # noqa: E402
-from fl_examples.flower import ClientLevelDP, PrivkitFedProx, load_federated  # noqa: E402
+from fl_examples.flower import PrivkitFedProx, load_federated  # noqa: E402
 from fl_examples.flower import deploy_loopback as deploy  # noqa: E402
 from fl_examples.flower.app import server_app  # noqa: E402
 from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.flower import ClientLevelDP  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 APP = ROOT / "fl_examples" / "flower" / "app"

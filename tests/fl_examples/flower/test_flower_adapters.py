@@ -31,21 +31,23 @@ from flwr.serverapp import ServerApp  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 
 from fl_examples.flower import (  # noqa: E402
-    DpSgdMod,
-    ObjectivePerturbationMod,
-    OutputPerturbationMod,
-    PrivacySettings,
     PrivkitFedProx,
-    RecMod,
     UpcycledFedProx,
     initial_arrays,
     load_federated,
     make_client_app,
 )
-from fl_examples.flower import records as keys  # noqa: E402
 from fl_examples.flower.client import make_model  # noqa: E402
 from fl_examples.upcycled import UpcycledConfig, run_algorithm  # noqa: E402
 from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.flower import (  # noqa: E402
+    DpSgdMod,
+    ObjectivePerturbationMod,
+    OutputPerturbationMod,
+    PrivacySettings,
+    RecMod,
+)
+from privkit.flower import records as keys  # noqa: E402
 from privkit.ledger import Ledger  # noqa: E402
 
 SPEC, SEED, K, ROUNDS = "synthetic:0.5,0.5", 3, 3, 4
@@ -243,7 +245,7 @@ def test_unchanged_model_does_not_crash_clipping(clip, model):
     out = keys.from_record(reply.content[keys.ARRAYS])
     noise = np.concatenate([(out[k] - model[k]).ravel() for k in model])
     assert np.isfinite(noise).all() and 0.05 < noise.std() < 0.2  # N(0, 0.1^2) was added
-    expected = settings.plan([100], proximal_mu=1.0, batch_size=16, momentum=0.5).mechanism(0)
+    expected = settings.mechanism(100, proximal_mu=1.0, batch_size=16, momentum=0.5)
     assert reply.content[keys.METRICS][keys.NOISE_MULTIPLIER] == expected.noise_multiplier
 
 

@@ -1,7 +1,7 @@
 """Client-level DP for any Flower strategy: Poisson client sampling, clipping, noise once.
 
 :class:`ClientLevelDP` wraps a strategy of Flower's message API (``flwr.serverapp.strategy``:
-``FedAvg``, ``FedProx``, ``FedAvgM``, ``FedAdam``, ``FedAdagrad``, ``FedYogi``, or privkit's
+``FedAvg``, ``FedProx``, ``FedAvgM``, ``FedAdam``, ``FedAdagrad``, ``FedYogi``, or the examples'
 ``PrivkitFedProx`` / ``UpcycledFedProx`` without their own privacy) and runs DP-FedAvg
 (McMahan, Ramage, Talwar & Zhang, ICLR 2018) around it, with privkit's aggregate mechanism
 :class:`privkit.ClientLevelGaussian`:
@@ -49,14 +49,37 @@ replies counted as zero, are logged at DEBUG only, the trusted server's own reco
 Flower's ``Strategy.start`` has no early exit, so after a budget stop the remaining rounds
 run without training.
 
+Variants:
+
+- **Adaptive clipping** (``adaptive=privkit.AdaptiveClipping(...)``, Andrew et al. 2021): the
+  clip norm follows a quantile of the update norms through a noisy, centred count computed on
+  the same sample as the sum; the two are one release, charged once a round as
+  :meth:`privkit.AdaptiveClipping.round_event` (joint noise multiplier).
+- **Client-side clipping** (``clipping="client"``): each ClientApp clips its own update with
+  :class:`~privkit.flower.ClientSideClippingMod` (the clip norm travels in the train config as
+  ``privkit-client-clip-norm``), so the server never receives an unclipped update; the server
+  still re-clips every reply (a client that skips the mod cannot exceed C), refuses a reply
+  without the mod's confirmation (it counts as zero) and adds the noise. It assumes the same
+  trusted aggregator for the noise; with secure aggregation beneath it the server would see
+  only the exact sum of clipped updates, not the individual ones. Not combined with adaptive
+  clipping (the count needs the unclipped norms).
+
+The population: ``num_clients`` is the number of nodes the wrapper samples from and divides
+by. More connected nodes than that is a one-line error before anything is charged; fewer, and
+the wrapper says how long it waits (``node_timeout``, 30 s by default) before it gives up with
+a one-line error.
+
 Round metrics (``train_metrics_clientapp`` of Flower's ``Result``): ``privkit-epsilon`` (the
 population's epsilon after the round at ``privkit-delta``), ``privkit-delta``,
-``privkit-noise-multiplier``, ``privkit-l2-clip-norm``, ``privkit-client-rate``, and
-``privkit-budget-stopped`` = 1 once training stopped.
+``privkit-noise-multiplier``, ``privkit-l2-clip-norm`` (the round's, with adaptive clipping),
+``privkit-client-rate``, and ``privkit-budget-stopped`` = 1 once training stopped.
+:meth:`ClientLevelDP.report` is the privacy section of a run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -70,25 +93,38 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 import privkit
-from fl_examples.core.seeds import SeedTree
-from fl_examples.flower import records as keys
 from privkit import _validate
 from privkit._rng import SecureRandom
 from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.flower import records as keys
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import (
     TRUST_ASSUMPTION,
+    AdaptiveClipping,
     ClientLevelGaussian,
     unamplified_event,
 )
+from privkit.seeds import SeedTree
 
-__all__ = ["ClientLevelDP", "POPULATION", "DEFAULT_DELTA"]
+__all__ = ["ClientLevelDP", "POPULATION", "DEFAULT_DELTA", "CLIENT_CLIP_KEY",
+           "CLIENT_CLIPPED_KEY", "CLIENT_SIDE_ASSUMPTION"]
 
 #: The ledger id charged every round: client-level DP gives every client the population's
 #: guarantee.
 POPULATION = "population"
 #: delta of the ledger the wrapper creates when none is given.
 DEFAULT_DELTA = 1e-5
+#: The train config key that carries the clip norm to :class:`ClientSideClippingMod`.
+CLIENT_CLIP_KEY = "privkit-client-clip-norm"
+#: The reply metric by which :class:`ClientSideClippingMod` confirms it clipped the update.
+CLIENT_CLIPPED_KEY = "privkit-client-clipped"
+#: Where the clipping happens.
+CLIPPING = ("server", "client")
+#: What client-side clipping assumes (every report of that variant states it).
+CLIENT_SIDE_ASSUMPTION = (
+    "client-side clipping: each ClientApp clips its own update to C before it leaves (the "
+    "server re-clips every reply, so C holds even for a client that does not); the server "
+    "adds the noise to the sum, so it is still trusted with the sum before noise")
 
 
 @dataclass(frozen=True)
@@ -123,7 +159,14 @@ class ClientLevelDP(Strategy):
             experiments only: whoever knows the seed can remove the noise. None (default):
             privkit's SecureRandom (OS entropy).
         run_id: recorded with every charge.
-        node_timeout: seconds to wait for ``num_clients`` nodes to connect.
+        node_timeout: seconds to wait for ``num_clients`` nodes to connect (stated in the log
+            when the wrapper starts waiting).
+        adaptive: adaptive clipping (:class:`privkit.AdaptiveClipping`, its
+            ``sampling_probability`` equal to ``client_rate``); ``l2_clip_norm`` is the initial
+            clip norm. Charged jointly with the sum.
+        clipping: ``server`` (default: the server clips each update) or ``client`` (the
+            ClientApps clip with :class:`~privkit.flower.ClientSideClippingMod`; module
+            docstring).
 
     Raises:
         InvalidParameterError: a bad argument (named in the message).
@@ -140,7 +183,8 @@ class ClientLevelDP(Strategy):
                  l2_clip_norm: float, noise_multiplier: float, ledger: Ledger | None = None,
                  delta: float | None = None, max_epsilon: float | None = None,
                  seed: int | None = None, run_id: str = "flower",
-                 node_timeout: float = 600.0) -> None:
+                 node_timeout: float = 30.0, adaptive: AdaptiveClipping | None = None,
+                 clipping: str = "server") -> None:
         if not isinstance(strategy, Strategy):
             raise InvalidParameterError("strategy", strategy,
                                         "a Flower strategy (flwr.serverapp.strategy.Strategy)")
@@ -180,6 +224,21 @@ class ClientLevelDP(Strategy):
                 "ledger", ledger.neighboring_relation.name,
                 "a ledger for ADD_OR_REMOVE_ONE (client-level DP adds or removes a client)")
         self.ledger = ledger
+        if clipping not in CLIPPING:
+            raise InvalidParameterError("clipping", clipping, "server or client")
+        self.clipping = clipping
+        if adaptive is not None:
+            if not isinstance(adaptive, AdaptiveClipping):
+                raise InvalidParameterError("adaptive", adaptive, "a privkit.AdaptiveClipping")
+            if float(adaptive.sampling_probability) != self.client_rate:
+                raise InvalidParameterError(
+                    "adaptive", f"sampling_probability={adaptive.sampling_probability}",
+                    f"client_rate {self.client_rate:g} (the count and the sum share a sample)")
+            if clipping == "client":
+                raise InvalidParameterError("adaptive", adaptive, "None with clipping='client' "
+                                            "(the count needs the unclipped update norms)")
+        self.adaptive = adaptive
+        self.clip_norm = float(self.mechanism.l2_clip_norm)  # the round's (adaptive: moves)
         self.stopped: str | None = None  # why training stopped (privacy budget)
         self._round: _Round | None = None
         self._skipped: int | None = None  # a round the inner strategy sent nothing in
@@ -192,8 +251,17 @@ class ClientLevelDP(Strategy):
 
     @property
     def event(self) -> Any:
-        """The event charged per training round."""
+        """The event charged per training round (with adaptive clipping, the sum and the
+        count released together: :meth:`privkit.AdaptiveClipping.round_event`)."""
+        if self.adaptive is not None:
+            return self.adaptive.round_event(self.mechanism)
         return self.mechanism.event()
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """The round's Gaussian noise multiplier (z, or z_eff with adaptive clipping)."""
+        z = float(self.mechanism.noise_multiplier)
+        return self.adaptive.joint_noise_multiplier(z) if self.adaptive is not None else z
 
     def epsilon(self) -> float:
         """The population's epsilon so far, at the ledger's delta."""
@@ -204,7 +272,7 @@ class ClientLevelDP(Strategy):
         what holds against the server, which knows the sample."""
         if rounds == 0:
             return 0.0
-        return float(privkit.epsilon(unamplified_event(self.mechanism.noise_multiplier, rounds),
+        return float(privkit.epsilon(unamplified_event(self.effective_noise_multiplier, rounds),
                                      self.ledger.delta).epsilon)
 
     def charged_rounds(self) -> int:
@@ -223,7 +291,7 @@ class ClientLevelDP(Strategy):
         out: dict[str, Any] = {
             "privkit-epsilon": self.epsilon(), "privkit-delta": float(self.ledger.delta),
             "privkit-noise-multiplier": float(self.mechanism.noise_multiplier),
-            "privkit-l2-clip-norm": float(self.mechanism.l2_clip_norm),
+            "privkit-l2-clip-norm": self.clip_norm,
             "privkit-client-rate": self.client_rate}
         if self.stopped is not None:
             out["privkit-budget-stopped"] = 1
@@ -235,16 +303,25 @@ class ClientLevelDP(Strategy):
         return SeedTree(self.seed).numpy(server_round, stream)
 
     def _nodes(self, grid: Grid) -> list[int]:
-        deadline = time.monotonic() + self.node_timeout
-        while len(nodes := sorted(grid.get_node_ids())) < self.num_clients:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(nodes)} of num_clients={self.num_clients} nodes "
-                                   f"connected within {self.node_timeout:g} s")
-            log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), self.num_clients)
-            time.sleep(1.0)
+        """The connected nodes: exactly ``num_clients`` of them (the population the mean
+        divides by). More is an error at once; fewer, a stated, bounded wait."""
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) < self.num_clients:
+            log(INFO, "ClientLevelDP: %d of num_clients=%d nodes connected; waiting up to "
+                "%g s for the rest", len(nodes), self.num_clients, self.node_timeout)
+            deadline = time.monotonic() + self.node_timeout
+            while len(nodes := sorted(grid.get_node_ids())) < self.num_clients:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"ClientLevelDP: only {len(nodes)} of num_clients={self.num_clients} "
+                        f"nodes connected within {self.node_timeout:g} s (node_timeout); "
+                        "start the missing SuperNodes or lower num_clients")
+                time.sleep(0.5)
         if len(nodes) > self.num_clients:
-            log(WARNING, "%d nodes connected, num_clients is %d: sampling from all of them, "
-                "the mean still divides by q * num_clients", len(nodes), self.num_clients)
+            raise RuntimeError(
+                f"ClientLevelDP: {len(nodes)} nodes connected but num_clients={self.num_clients}"
+                ": the sample and the divisor q N must cover the same population; set "
+                f"num_clients={len(nodes)} (nothing was charged)")
         return nodes
 
     def _stop(self, server_round: int, why: str) -> None:
@@ -292,6 +369,9 @@ class ClientLevelDP(Strategy):
         except BudgetExceededError as exc:
             self._stop(server_round, str(exc))
             return []
+        if self.clipping == "client":
+            for nid in sampled:
+                _set_config(by_node[nid], CLIENT_CLIP_KEY, self.clip_norm)
         self._round = _Round(server_round, arrays, frozenset(sampled), messages[0])
         # the sample is secret: INFO says nothing about it (DEBUG: the server's own record)
         log(INFO, "ClientLevelDP: round %d charged (q=%g of %d nodes), epsilon %.4g at "
@@ -317,6 +397,10 @@ class ClientLevelDP(Strategy):
                     "a second reply)", src)
                 continue
             seen.add(src)
+            if self.clipping == "client" and not _confirmed_clip(msg, self.clip_norm):
+                log(DEBUG, "ClientLevelDP: node %d did not confirm client-side clipping to "
+                    "%g; its update counts as zero", src, self.clip_norm)
+                continue
             records = msg.content.array_records
             record = records.get(name) if name in records else (
                 next(iter(records.values())) if len(records) == 1 else None)
@@ -353,7 +437,16 @@ class ClientLevelDP(Strategy):
                 return arrays, MetricRecord(dict(metrics or {}) | self._metrics())
             return None, MetricRecord(self._metrics())
         updates = self._updates(replies, sent)
-        noisy = self.mechanism(updates, rng=self._rng(server_round, "noise"))
+        rng = self._rng(server_round, "noise")
+        mech = dataclasses.replace(self.mechanism, l2_clip_norm=self.clip_norm)
+        if self.adaptive is not None:  # the count, on the same sample: charged with the sum
+            k = next(iter(updates.values())).shape[0]
+            norms = np.sqrt(sum((v.reshape(k, -1) ** 2).sum(1) for v in updates.values())) \
+                if k else np.zeros(0)
+            self.clip_norm = self.adaptive.update(self.clip_norm, norms,
+                                                  expected_clients=self.expected_clients,
+                                                  rng=rng)
+        noisy = mech(updates, rng=rng)
         mean = ClientLevelGaussian.mean(noisy, self.expected_clients)
         glob = keys.from_record(sent.arrays)
         new = {k: (v.astype(np.float64) + mean[k]).astype(v.dtype) for k, v in glob.items()}
@@ -378,6 +471,46 @@ class ClientLevelDP(Strategy):
         """The inner strategy's aggregation of evaluation replies."""
         return self.strategy.aggregate_evaluate(server_round, replies)
 
+    def report(self) -> dict[str, Any]:
+        """The privacy section of a run: the population's epsilon, what it assumes (trust,
+        sampling, relation), the unamplified epsilon against the server, what is public."""
+        rounds = self.charged_rounds()
+        k = max(1, math.ceil(self.client_rate * rounds)) if rounds else 0
+        m = self.mechanism
+        out: dict[str, Any] = {
+            "mechanism": "client-level DP-FedAvg (privkit.flower.ClientLevelDP)",
+            "privacy_unit": "client", "epsilon": self.epsilon(),
+            "delta": float(self.ledger.delta), "charged_rounds": rounds,
+            "neighboring_relation": "add_or_remove_one client",
+            "epsilon_unamplified": {
+                "expected_participations": k, "epsilon_at_expected":
+                self.epsilon_unamplified(k), "every_round": rounds,
+                "epsilon_every_round": self.epsilon_unamplified(rounds),
+                "note": "against the server, which knows the sample: a client in k rounds, "
+                        "no amplification"},
+            "noise_multiplier": float(m.noise_multiplier),
+            "l2_clip_norm": float(m.l2_clip_norm), "client_rate": self.client_rate,
+            "num_clients": self.num_clients, "expected_clients": self.expected_clients,
+            "clipping": self.clipping, "trust": TRUST_ASSUMPTION,
+            "assumptions": [TRUST_ASSUMPTION, "Poisson client sampling whose outcome stays "
+                            "secret from everyone but the server"]
+            + ([CLIENT_SIDE_ASSUMPTION] if self.clipping == "client" else []),
+            "randomness": {"source": "os_csprng" if self.seed is None else "seed",
+                           "note": "client sampling and noise from privkit's SecureRandom"
+                           if self.seed is None else "seeded: a simulation; whoever knows "
+                           "the seed can regenerate the noise"},
+            "public": [f"N = {self.num_clients}", f"q = {self.client_rate:g} and the divisor "
+                       f"q N = {self.expected_clients:g}", "the number of rounds"]}
+        if self.adaptive is not None:
+            out["adaptive_clipping"] = {
+                "target_quantile": self.adaptive.target_quantile,
+                "count_stddev": self.adaptive.count_stddev,
+                "joint_noise_multiplier": self.effective_noise_multiplier,
+                "final_clip_norm": self.clip_norm}
+        if self.stopped is not None:
+            out["stopped"] = self.stopped
+        return out
+
     def summary(self) -> None:
         """Log the DP settings, then the inner strategy's."""
         m = self.mechanism
@@ -395,3 +528,18 @@ class ClientLevelDP(Strategy):
         return (f"ClientLevelDP({type(self.strategy).__name__}, num_clients={self.num_clients},"
                 f" client_rate={self.client_rate:g}, l2_clip_norm={m.l2_clip_norm:g}, "
                 f"noise_multiplier={m.noise_multiplier:g})")
+
+
+def _set_config(msg: Message, key: str, value: Any) -> None:
+    """Add ``key: value`` to a train message's config (its single ConfigRecord)."""
+    records = msg.content.config_records
+    if not records:
+        msg.content[keys.CONFIG] = ConfigRecord({key: value})
+        return
+    next(iter(records.values()))[key] = value
+
+
+def _confirmed_clip(msg: Message, clip: float) -> bool:
+    """Whether a reply carries :class:`ClientSideClippingMod`'s confirmation for ``clip``."""
+    metrics = list(msg.content.metric_records.values())
+    return len(metrics) == 1 and metrics[0].get(CLIENT_CLIPPED_KEY) == clip

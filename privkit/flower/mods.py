@@ -30,7 +30,7 @@ privkit's strategy to check against what its ledger charged.
 
 Noise comes from an explicit generator, never a global one: by default privkit's
 :class:`~privkit.SecureRandom` (OS entropy, nothing to seed); ``noise_seed`` gives the stream
-``noise/<client>`` of round ``server-round`` in a :class:`~fl_examples.core.seeds.SeedTree` for
+``noise/<client>`` of round ``server-round`` in a :class:`~privkit.seeds.SeedTree` for
 reproducible experiments only (whoever knows the seed can subtract the noise).
 
 Unlike Flower's ``LocalDpMod``, clipping an unchanged model (a zero update with
@@ -48,21 +48,21 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 
-from fl_examples.core.dpsgd import DpSgdSettings
-from fl_examples.core.seeds import SeedTree
-from fl_examples.flower import records as keys
-from fl_examples.flower.privacy import (
+from privkit import _validate
+from privkit._rng import SecureRandom
+from privkit.errors import InvalidParameterError, PrivkitError
+from privkit.events import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+from privkit.flower import records as keys
+from privkit.flower.settings import (
     MissingSettingError,
     PrivacySettings,
     mechanism_from_config,
     settings_for,
 )
-from privkit import _validate
-from privkit._rng import SecureRandom
-from privkit.errors import InvalidParameterError, PrivkitError
+from privkit.seeds import SeedTree
 
 __all__ = ["OutputPerturbationMod", "ObjectivePerturbationMod", "RecMod", "DpSgdMod",
-           "dpsgd_request", "MOD_FAILED"]
+           "DpSgdRequest", "dpsgd_request", "ClientSideClippingMod", "MOD_FAILED"]
 
 #: Flower's error code for a mod whose precondition failed (``ErrorCode.MOD_FAILED_PRECONDITION``).
 MOD_FAILED = 6
@@ -314,25 +314,62 @@ class RecMod(_PrivacyMod):
         return reply
 
 
+@dataclasses.dataclass(frozen=True)
+class DpSgdRequest:
+    """What :class:`DpSgdMod` asks a ClientApp to train with (one round).
+
+    Attributes:
+        l2_clip_norm: C, each example's gradient bound, > 0.
+        noise_multiplier: z, the noise stddev over C on each step's clipped sum, > 0.
+        batch_size: b, the expected Poisson minibatch size (rate ``min(1, b / n_i)``), >= 1.
+        noise_seed: the 63-bit seed of the round's Poisson draws and noise (from the OS
+            CSPRNG unless the mod was given ``noise_seed``).
+    """
+
+    l2_clip_norm: float
+    noise_multiplier: float
+    batch_size: int
+    noise_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _validate.positive("l2_clip_norm", self.l2_clip_norm)
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.nonnegative_int("noise_seed", self.noise_seed)
+
+    def sampling_rate(self, client_size: int) -> float:
+        """q_i = min(1, b / n_i) of a client with ``client_size`` records."""
+        return min(1.0, self.batch_size / _validate.positive_int("client_size", client_size))
+
+    def round_event(self, client_size: int, steps: int) -> Any:
+        """The event of a client with ``client_size`` records that ran ``steps`` steps
+        (add or remove one record)."""
+        q = self.sampling_rate(client_size)
+        inner: Any = GaussianDpEvent(float(self.noise_multiplier))
+        if q < 1:
+            inner = PoissonSampledDpEvent(q, inner)
+        return SelfComposedDpEvent(inner, _validate.nonnegative_int("steps", steps))
+
+
 class DpSgdMod:
     """Ask the ClientApp to train with record-level DP-SGD and release only if it did.
 
     A mod cannot change how a ClientApp trains, so this one works like
     :class:`ObjectivePerturbationMod`: before training it adds the ConfigRecord
     ``privkit-dpsgd`` (``l2-clip-norm``, ``noise-multiplier``, ``batch-size`` and a 63-bit
-    ``noise-seed``) to the train message; the ClientApp must run DP-SGD with them (privkit's
-    ClientApp does: :func:`~fl_examples.flower.client.local_update` with ``dpsgd=``, i.e.
-    :func:`fl_examples.core.dpsgd.local_dpsgd`: Poisson minibatches at rate
-    ``min(1, b / n_i)``, each example's gradient clipped to C, ``N(0, (z C)^2)`` on the sum)
-    and report the steps it ran as the metric ``privkit-dpsgd-steps``, else the mod replaces
-    the reply with an error and the model never leaves. The reply's metrics gain
+    ``noise-seed``) to the train message; the ClientApp reads it with :func:`dpsgd_request`
+    and must run DP-SGD with it (any ``nn.Module``: :class:`privkit.torch.ClientsDpSgd` or
+    :func:`privkit.torch.make_private`; Poisson minibatches at rate ``min(1, b / n_i)``, each
+    example's gradient clipped to C, ``N(0, (z C)^2)`` on the sum, divided by the expected
+    batch) and report the steps it ran as the metric ``privkit-dpsgd-steps``, else the mod
+    replaces the reply with an error and the model never leaves. The reply's metrics gain
     ``privkit-noise-multiplier``. A client with ``n_i`` records that ran ``s`` steps released
-    ``fl_examples.core.dpsgd.round_event(n_i, s, settings)`` (add/remove one record);
-    compose the rounds' events with :func:`privkit.epsilon`.
+    ``DpSgdRequest.round_event(n_i, s)`` (add/remove one record); compose the rounds' events
+    with :func:`privkit.epsilon`.
 
-    The noise seed comes from the OS CSPRNG (``secrets``) and seeds a torch generator for the
-    round's Poisson draws and noise; ``noise_seed`` takes it from the client's
-    ``noise/<client>`` stream of round ``server-round`` instead (experiments only).
+    The noise seed comes from the OS CSPRNG (``secrets``) and seeds the round's generator;
+    ``noise_seed`` takes it from the client's ``noise/<client>`` stream of round
+    ``server-round`` instead (experiments only).
 
     Args:
         l2_clip_norm: C, each example's gradient bound, > 0.
@@ -343,7 +380,7 @@ class DpSgdMod:
 
     def __init__(self, *, l2_clip_norm: float, noise_multiplier: float, batch_size: int,
                  noise_seed: int | None = None) -> None:
-        self.settings = DpSgdSettings(
+        self.settings = DpSgdRequest(
             l2_clip_norm=_validate.positive("l2_clip_norm", l2_clip_norm),
             noise_multiplier=_validate.positive("noise_multiplier", noise_multiplier),
             batch_size=_validate.positive_int("batch_size", batch_size))
@@ -383,8 +420,9 @@ class DpSgdMod:
         return reply
 
 
-def dpsgd_request(msg: Message) -> tuple[DpSgdSettings, int] | None:
-    """A train message's DP-SGD request (settings, noise seed) from :class:`DpSgdMod`, or None.
+def dpsgd_request(msg: Message) -> DpSgdRequest | None:
+    """A train message's DP-SGD request from :class:`DpSgdMod` (settings and noise seed), or
+    None when the message carries none.
 
     Raises:
         InvalidParameterError: a malformed ``privkit-dpsgd`` record (names the entry).
@@ -393,14 +431,68 @@ def dpsgd_request(msg: Message) -> tuple[DpSgdSettings, int] | None:
         return None
     rec = msg.content.config_records[keys.DPSGD]
     try:
-        settings = DpSgdSettings(l2_clip_norm=float(rec["l2-clip-norm"]),
-                                 noise_multiplier=float(rec["noise-multiplier"]),
-                                 batch_size=int(rec["batch-size"]))
-        seed = _validate.nonnegative_int(f"{keys.DPSGD}['noise-seed']", rec["noise-seed"])
+        return DpSgdRequest(l2_clip_norm=float(rec["l2-clip-norm"]),
+                            noise_multiplier=float(rec["noise-multiplier"]),
+                            batch_size=int(rec["batch-size"]),
+                            noise_seed=_validate.nonnegative_int(
+                                f"{keys.DPSGD}['noise-seed']", rec["noise-seed"]))
     except KeyError as exc:
         raise MissingSettingError(f"{keys.DPSGD}[{exc.args[0]!r}]",
                                   "sent by DpSgdMod") from None
-    return settings, seed
+
+
+class ClientSideClippingMod:
+    """Clip the ClientApp's update before it leaves, for
+    ``ClientLevelDP(..., clipping="client")``: the reply's model ``w`` becomes
+    ``w_bar + clip(w - w_bar)`` with the clip norm the server sends
+    (``privkit-client-clip-norm``), or this mod's own ``l2_clip_norm`` (both given must
+    agree), and the reply's metrics gain ``privkit-client-clipped`` = that norm, the
+    confirmation the server requires. No noise: the server adds it to the sum.
+
+    Args:
+        l2_clip_norm: C (None: the train message's ``privkit-client-clip-norm``).
+    """
+
+    def __init__(self, l2_clip_norm: float | None = None) -> None:
+        self.l2_clip_norm = None if l2_clip_norm is None else _validate.positive(
+            "l2_clip_norm", l2_clip_norm)
+
+    def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        from privkit.flower.central import CLIENT_CLIP_KEY, CLIENT_CLIPPED_KEY
+        from privkit.mechanisms.clipping import clip_l2
+
+        if not _is_train(msg):
+            return call_next(msg, context)
+        name = type(self).__name__
+        try:
+            sent_c = _train_config(msg).get(CLIENT_CLIP_KEY)
+            clip = self.l2_clip_norm if sent_c is None else _validate.positive(
+                CLIENT_CLIP_KEY, float(sent_c))
+            if clip is None:
+                raise MissingSettingError("l2_clip_norm", f"give the mod l2_clip_norm=... or "
+                                          f"send the train config key {CLIENT_CLIP_KEY!r}")
+            if self.l2_clip_norm is not None and clip != self.l2_clip_norm:
+                raise PrivkitError(f"the server's clip norm {clip:g} differs from this mod's "
+                                   f"{self.l2_clip_norm:g}")
+            sent = _sent_arrays(msg)
+        except (PrivkitError, KeyError, TypeError, ValueError) as exc:
+            return _error(msg, name, str(exc))
+        reply = call_next(msg, context)
+        if reply.has_error():
+            return reply
+        try:
+            rec_name, trained = _trained_like(reply, sent)
+            delta = {k: trained[k].astype(np.float64) - sent[k].astype(np.float64)
+                     for k in sent}
+            if not all(np.isfinite(v).all() for v in delta.values()):
+                delta = {k: np.zeros_like(v) for k, v in delta.items()}
+            clipped = clip_l2(delta, clip) if any(v.size for v in delta.values()) else delta
+        except (PrivkitError, ValueError) as exc:
+            return _error(msg, name, str(exc))
+        reply.content[rec_name] = keys.to_record(
+            {k: (sent[k].astype(np.float64) + clipped[k]).astype(sent[k].dtype) for k in sent})
+        _echo(reply, CLIENT_CLIPPED_KEY, float(clip))
+        return reply
 
 
 def _sent_arrays(msg: Message) -> dict[str, np.ndarray]:

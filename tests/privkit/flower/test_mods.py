@@ -17,16 +17,16 @@ pytest.importorskip("flwr", reason="install the flower extra: pip install 'privk
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, FedProx  # noqa: E402
 
-from fl_examples.flower import (  # noqa: E402
+from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.flower import (  # noqa: E402
     DpSgdMod,
+    MissingSettingError,
     ObjectivePerturbationMod,
     OutputPerturbationMod,
     PrivacySettings,
     RecMod,
 )
-from fl_examples.flower import records as keys  # noqa: E402
-from fl_examples.flower.privacy import MissingSettingError  # noqa: E402
-from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.flower import records as keys  # noqa: E402
 
 D = 5_000
 
@@ -176,31 +176,37 @@ F, CLASSES = 2_000, 10
 
 
 def dpsgd_trainer(client_size=40):
-    """A ClientApp train function running privkit's local_update (logistic regression,
-    F features, on ``client_size`` records of zeros, so the weights' gradients vanish and the
-    bias's is clipped to C): what it releases in the weights is DP-SGD's noise alone."""
+    """A ClientApp train function that honours the mod's request with privkit.torch on a
+    plain ``nn.Linear`` (F features, ``client_size`` records of zeros, so the weight's
+    gradients vanish and the bias's is clipped to C): what it releases in the weight is
+    DP-SGD's noise alone."""
     import torch
 
-    from fl_examples.core.local import ClientData
-    from fl_examples.core.models import MultinomialLogReg
-    from fl_examples.flower.client import local_update
-    from fl_examples.flower.mods import dpsgd_request
+    import privkit.torch as pt
+    from privkit.flower import dpsgd_request
 
-    model = MultinomialLogReg(F, CLASSES)
-    data = ClientData(x=torch.zeros(1, client_size, F),
-                      y=torch.zeros(1, client_size, dtype=torch.long),
-                      mask=torch.ones(1, client_size, dtype=torch.bool),
-                      sizes=torch.tensor([client_size]))
+    net = torch.nn.Linear(F, CLASSES)
 
     def app(msg, context):
         req = dpsgd_request(msg)
         w = keys.to_torch(msg.content.array_records["arrays"])
         config = dict(msg.content.config_records["config"])
-        new = local_update(model, w, data, config, client=0, dpsgd=req)
         metrics = {"num-examples": client_size}
         if req is not None:
-            metrics[keys.DPSGD_STEPS] = 4 * -(-client_size // req[0].batch_size)
-        return Message(RecordDict({"arrays": keys.to_record(new),
+            dp = pt.ClientsDpSgd(net, l2_clip_norm=req.l2_clip_norm,
+                                 noise_multiplier=req.noise_multiplier)
+            sizes = torch.tensor([client_size])
+            steps = pt.steps_for_epochs(sizes, [int(config[keys.LOCAL_EPOCHS])],
+                                        req.batch_size)
+            out = dp.run({k: v[None] for k, v in w.items()},
+                         pt.ClientBatch(torch.zeros(1, client_size, F),
+                                        torch.zeros(1, client_size, dtype=torch.long), sizes),
+                         steps=steps, sampling_rates=pt.sampling_rates(sizes, req.batch_size),
+                         client_keys=[0], rng=pt.ClientStreams(seed=req.noise_seed),
+                         update=pt.LocalSgd(lr=float(config[keys.LR])))
+            w = {k: v[0] for k, v in out.items()}
+            metrics[keys.DPSGD_STEPS] = int(steps[0])
+        return Message(RecordDict({"arrays": keys.to_record(w),
                                    "metrics": MetricRecord(metrics)}), reply_to=msg)
     return app
 
@@ -209,7 +215,7 @@ def _dpsgd_run(mod, app):
     grid = ModGrid(mod, app)
     config = ConfigRecord({keys.LOCAL_EPOCHS: 4, keys.LR: 0.5, keys.MOMENTUM: 0.0,
                            keys.BATCH_SIZE: 10})
-    zeros = {"weight": np.zeros((F, CLASSES), np.float32),
+    zeros = {"weight": np.zeros((CLASSES, F), np.float32),
              "bias": np.zeros(CLASSES, np.float32)}
     FedAvg(fraction_evaluate=0.0).start(grid, keys.to_record(zeros), num_rounds=1,
                                         train_config=config)
@@ -253,22 +259,14 @@ def test_dpsgd_mod_bad_arguments_name_the_argument(kw, name):
         DpSgdMod(**kw)
 
 
-def test_dpsgd_simulation_reports_epsilon_and_both_accuracies():
-    """The documented DP-SGD simulation, tiny: each client's epsilon is its composed rounds,
-    both runs end with an accuracy, a bad noise multiplier names it before anything runs."""
-    from fl_examples.core.dpsgd import DpSgdSettings, round_event, steps_per_client
-    from fl_examples.flower import dpsgd_simulation as sim
-    from fl_examples.flower import load_federated
-    from privkit import SelfComposedDpEvent, epsilon
+def test_dpsgd_request_prices_the_clients_round():
+    """What a client that ran s steps on n records released: s Poisson-sampled Gaussians."""
+    import privkit
+    from privkit.flower import DpSgdRequest
 
-    with pytest.raises(InvalidParameterError, match="noise_multiplier"):
-        sim.run(noise_multiplier=-1.0)
-    res = sim.run(dataset="digits@3", clients=3, rounds=2, local_epochs=1)
-    sizes = load_federated("digits@3", 0, 3).train_sizes
-    s = DpSgdSettings(l2_clip_norm=1.0, noise_multiplier=2.05, batch_size=32)
-    steps = steps_per_client(sizes, [1] * 3, 32).tolist()
-    want = [epsilon(SelfComposedDpEvent(round_event(int(n), k, s), 2), delta=1e-5).epsilon
-            for n, k in zip(sizes, steps)]
-    assert res["epsilon_max"] == pytest.approx(max(want), rel=1e-12)
-    for label in ("dpsgd", "non-private"):
-        assert 0.0 <= res[label]["accuracy"] <= 1.0
+    req = DpSgdRequest(l2_clip_norm=1.0, noise_multiplier=2.0, batch_size=10, noise_seed=3)
+    assert req.round_event(40, 16) == privkit.SelfComposedDpEvent(
+        privkit.PoissonSampledDpEvent(0.25, privkit.GaussianDpEvent(2.0)), 16)
+    assert req.round_event(5, 3) == privkit.SelfComposedDpEvent(privkit.GaussianDpEvent(2.0), 3)
+    with pytest.raises(InvalidParameterError, match="noise_seed"):
+        DpSgdRequest(1.0, 1.0, 10, noise_seed=-1)

@@ -20,9 +20,8 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # no
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx  # noqa: E402
 
 import privkit  # noqa: E402
-from fl_examples.flower import ClientLevelDP  # noqa: E402
-from fl_examples.flower.central import POPULATION  # noqa: E402
 from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.flower import POPULATION, ClientLevelDP  # noqa: E402
 from privkit.ledger import Ledger  # noqa: E402
 
 D = 20_000  # coordinates of the test model: the noise's stddev is estimated to ~0.5%
@@ -333,3 +332,101 @@ def test_upcycled_even_rounds_are_free_behind_the_wrapper():
         result.train_metrics_clientapp[1]["privkit-epsilon"]
     # the inner strategy saw one synthetic reply: no client count that would read "1"
     assert "privkit-clients" not in result.train_metrics_clientapp[1]
+
+
+def test_more_nodes_than_num_clients_is_a_one_line_error_before_any_charge():
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=3, client_rate=0.5,
+                       l2_clip_norm=1.0, noise_multiplier=1.0)
+    with pytest.raises(RuntimeError, match=r"4 nodes connected but num_clients=3.*nothing was "
+                                           r"charged") as info:
+        start(dp, LocalGrid(4, replying(zeros)), 1)
+    assert "\n" not in str(info.value)
+    assert dp.charged_rounds() == 0
+
+
+def test_fewer_nodes_wait_as_long_as_stated_then_fail_in_one_line(caplog):
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=5, client_rate=0.5,
+                       l2_clip_norm=1.0, noise_multiplier=1.0, node_timeout=0.2)
+    with pytest.raises(RuntimeError, match=r"only 3 of num_clients=5 nodes connected within "
+                                           r"0.2 s"):
+        start(dp, LocalGrid(3, replying(zeros)), 1)
+    assert dp.charged_rounds() == 0
+
+
+def test_info_logs_say_nothing_about_who_was_sampled(caplog):
+    """The sample is secret: the number of sampled nodes stays out of INFO logs."""
+    import logging
+
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=6, client_rate=0.5,
+                       l2_clip_norm=1.0, noise_multiplier=1.0, seed=3)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        _, _ = start(dp, LocalGrid(6, replying(zeros)), 2, w0=np.zeros(10, np.float32))
+    info = [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.INFO and "ClientLevelDP" in r.getMessage()]
+    assert info and not any("sampled" in m for m in info)
+
+
+def test_adaptive_clipping_is_charged_as_one_joint_release_per_round():
+    n, q, z = 4, 0.5, 1.0
+    ac = privkit.AdaptiveClipping(0.5, count_stddev=0.5, sampling_probability=q)
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=n, client_rate=q,
+                       l2_clip_norm=1.0, noise_multiplier=z, adaptive=ac)
+    start(dp, LocalGrid(n, replying(lambda i, s: np.full(s, 0.01 * (i + 1)))), 3,
+          w0=np.zeros(10, np.float32))
+    z_eff = (z ** -2 + 1.0 ** -2) ** -0.5
+    assert dp.charged_rounds() == 3
+    assert dp.epsilon() == pytest.approx(
+        privkit.epsilon(composed(q, z_eff, 3), dp.ledger.delta).epsilon, rel=1e-9)
+    assert dp.clip_norm != 1.0  # the clip norm moved towards the quantile
+    rep = dp.report()
+    assert rep["adaptive_clipping"]["joint_noise_multiplier"] == pytest.approx(z_eff)
+    with pytest.raises(InvalidParameterError, match="adaptive"):
+        ClientLevelDP(FedAvg(), num_clients=n, client_rate=0.2, l2_clip_norm=1.0,
+                      noise_multiplier=z, adaptive=ac)
+    with pytest.raises(InvalidParameterError, match="adaptive"):
+        ClientLevelDP(FedAvg(), num_clients=n, client_rate=q, l2_clip_norm=1.0,
+                      noise_multiplier=z, adaptive=ac, clipping="client")
+
+
+def test_client_side_clipping_needs_the_mod_and_the_server_still_bounds_c():
+    """The ClientApp clips (ClientSideClippingMod); a reply without its confirmation counts
+    as zero, and the server re-clips, so an unclipped reply cannot exceed C either."""
+    from flwr.app import Context
+
+    from privkit.flower import ClientSideClippingMod
+    from privkit.flower.central import CLIENT_CLIP_KEY
+
+    mod = ClientSideClippingMod()
+    seen = []
+
+    def client(i, msg):
+        seen.append(msg.content.config_records["config"][CLIENT_CLIP_KEY])
+        inner = replying(lambda j, s: np.full(s, 1e6))
+        if i == 0:  # a client that skips the mod: no confirmation, its update counts as zero
+            return inner(i, msg)
+        return mod(msg, Context(run_id=1, node_id=i, node_config={}, state=RecordDict(),
+                                run_config={}), lambda m, c: inner(i, m))
+
+    c = 0.5
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=3, client_rate=1.0,
+                       l2_clip_norm=c, noise_multiplier=1e-9, seed=0, clipping="client")
+    _, models = start(dp, LocalGrid(3, client), 1)
+    step = models[1] - models[0]
+    assert seen == [c, c, c]
+    # two confirmed clients, each clipped to C in the same direction, divided by q N = 3
+    assert np.linalg.norm(step) == pytest.approx(2 * c / 3, rel=1e-5)
+    rep = dp.report()
+    assert rep["clipping"] == "client" and any("client-side" in a for a in rep["assumptions"])
+
+
+def test_report_states_trust_randomness_and_the_unamplified_epsilon():
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=4, client_rate=0.5,
+                       l2_clip_norm=1.0, noise_multiplier=1.0)
+    start(dp, LocalGrid(4, replying(zeros)), 2, w0=np.zeros(10, np.float32))
+    rep = dp.report()
+    assert rep["trust"].startswith("trusted aggregator") and rep["charged_rounds"] == 2
+    assert rep["randomness"]["source"] == "os_csprng"
+    u = rep["epsilon_unamplified"]
+    assert u["expected_participations"] == 1
+    assert u["epsilon_at_expected"] == pytest.approx(
+        privkit.epsilon(privkit.GaussianDpEvent(1.0), 1e-5).epsilon)

@@ -1,0 +1,51 @@
+"""privkit on Flower: client-level DP around any strategy, and client mods (the ``flower`` extra).
+
+- :class:`ClientLevelDP`: client-level DP-FedAvg around any Flower message-API strategy
+  (Poisson client sampling, each update clipped, one Gaussian draw on the sum, amplification
+  priced by privkit, a privkit ledger charged before each round, a ``max_epsilon`` stop).
+- Client mods for any ClientApp and strategy: :class:`OutputPerturbationMod`,
+  :class:`ObjectivePerturbationMod` (Upcycled-FL's mechanisms), :class:`RecMod` (DP-REC: the
+  update as a seed plus indices), :class:`DpSgdMod` (record-level DP-SGD in the ClientApp's
+  training, released only when the ClientApp confirms it: :func:`dpsgd_request`).
+- :class:`ClientSideClippingMod`: the ClientApp's half of ``ClientLevelDP(...,
+  clipping="client")`` (each client clips its own update; the server adds the noise).
+- :class:`PrivacySettings`: the per-client mechanism a strategy sends its clients.
+- :mod:`privkit.flower.records`: models <-> Flower records, and the message keys.
+
+The papers' strategies (Upcycled-FL, FedProx with a server ledger) and the example app live
+in the examples (``fl_examples.flower``), on top of this package. See ``docs/flower.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import flwr  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("privkit.flower needs Flower: from a checkout of privkit, "
+                      "pip install -e '.[flower]'") from exc
+
+from privkit.flower.central import POPULATION, ClientLevelDP
+from privkit.flower.mods import (
+    ClientSideClippingMod,
+    DpSgdMod,
+    DpSgdRequest,
+    ObjectivePerturbationMod,
+    OutputPerturbationMod,
+    RecMod,
+    dpsgd_request,
+)
+from privkit.flower.settings import MissingSettingError, PrivacySettings
+
+__all__ = [
+    "ClientLevelDP",
+    "POPULATION",
+    "ClientSideClippingMod",
+    "DpSgdMod",
+    "DpSgdRequest",
+    "dpsgd_request",
+    "OutputPerturbationMod",
+    "ObjectivePerturbationMod",
+    "RecMod",
+    "PrivacySettings",
+    "MissingSettingError",
+]

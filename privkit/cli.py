@@ -39,7 +39,11 @@ COMMAND_GROUP = "privkit.commands"
 ``report`` and ``demo``). Each entry point loads to an object with ``add_parser(subparsers,
 parser_class)`` (None for ``demo``) and ``run(args) -> int``."""
 
-EXAMPLES_INSTALL = "pip install 'privkit[examples]'"
+#: How to install the trainers' extra: from a checkout of this project (its distribution,
+#: privkit-fl, is not on the package registry; the registry's "privkit" is another project).
+EXAMPLES_INSTALL = "pip install -e '.[examples]' from a checkout of privkit"
+#: This project's distribution name (the import package is ``privkit``).
+DISTRIBUTION = "privkit-fl"
 """What to run when a command needs the bundled trainers."""
 
 EXAMPLES_MODULES = frozenset({"fl_examples", "torch", "sklearn", "matplotlib", "safetensors",
@@ -113,7 +117,7 @@ def error_line(exc: BaseException, args: argparse.Namespace | None = None) -> st
 def version() -> str:
     """privkit's version: the installed distribution's, else ``privkit.__version__``."""
     try:
-        return importlib.metadata.version("privkit")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         import privkit
 

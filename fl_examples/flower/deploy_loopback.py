@@ -68,7 +68,7 @@ def _executable(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         raise MissingTool(f"{name} not found next to {sys.executable} or on PATH: "
-                          "pip install 'privkit[flower]'")
+                          "pip install -e '.[flower]' from a checkout of privkit")
     return found
 
 

@@ -239,9 +239,10 @@ def test_commands_without_the_examples_extra_print_one_line_and_exit_2(blocked, 
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and len(err) == 1
     if argv[0] == "report" and blocked == ("torch",):
-        assert "privkit[examples]" not in err[0]  # installed: the report's own argument error
+        assert ".[examples]" not in err[0]  # installed: the report's own argument error
         return
-    assert "pip install 'privkit[examples]'" in err[0] and repr(argv[0]) in err[0]
+    assert "pip install -e '.[examples]' from a checkout" in err[0] and repr(argv[0]) in err[0]
+    assert "pip install privkit" not in err[0] and "'privkit[" not in err[0]
     if argv[0] == "demo":
         assert "epsilon" in proc.stdout  # privkit's own table comes first
 
@@ -253,7 +254,8 @@ def test_no_registered_commands_print_one_line_and_exit_2(monkeypatch, capsys):
     assert main(["train", "upcycled", "--out", "x"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == (
-        "privkit: 'train' needs the bundled trainers: pip install 'privkit[examples]'")
+        "privkit: 'train' needs the bundled trainers: pip install -e '.[examples]' from a "
+        "checkout of privkit")
     assert main(["demo", "--no-train"]) == 0  # the epsilon table needs no trainer
     assert main(["epsilon", "pure", "--epsilon", "1", "--steps", "2", "--delta", "1e-5"]) == 0
     with pytest.raises(SystemExit):

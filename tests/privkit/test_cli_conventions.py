@@ -259,7 +259,7 @@ def test_a_missing_extra_module_is_one_line_naming_the_extra(blocked, argv, tmp_
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and len(err) == 1, proc.stderr
-    assert "pip install 'privkit[examples]'" in err[0] and repr(blocked) in err[0]
+    assert "pip install -e '.[examples]'" in err[0] and repr(blocked) in err[0]
     if argv == ["demo", "--json"]:
         assert proc.stdout == ""  # no half JSON object
 
@@ -274,7 +274,7 @@ def test_a_missing_extra_raised_while_building_the_parser_is_one_line(monkeypatc
                             broken, commands["report"].run)})
     code, out, err = run(["report", "tradeoff", "x"], capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "privkit[examples]" in err and "'matplotlib'" in err
+    assert "pip install -e '.[examples]'" in err and "'matplotlib'" in err
 
 
 def test_another_missing_module_is_not_called_a_missing_extra(monkeypatch):

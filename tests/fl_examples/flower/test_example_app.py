@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-EXTRA = "install the flower extra: pip install 'privkit[flower]'"
+EXTRA = "install the flower extra: pip install -e '.[flower]' from a checkout"
 pytest.importorskip("flwr", reason=f"Flower is not installed; {EXTRA}")
 tomllib = pytest.importorskip("tomllib", reason="reading the app's pyproject needs Python 3.11")
 

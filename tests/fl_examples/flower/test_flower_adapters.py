@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-EXTRA = "install the flower extra: pip install 'privkit[flower]'"
+EXTRA = "install the flower extra: pip install -e '.[flower]' from a checkout"
 pytest.importorskip("flwr", reason=f"Flower is not installed; {EXTRA}")
 pytest.importorskip("ray", reason=f"Flower's simulation engine needs Ray; {EXTRA}")
 

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-EXTRA = "install the flower extra: pip install 'privkit[flower]'"
+EXTRA = "install the flower extra: pip install -e '.[flower]' from a checkout"
 pytest.importorskip("flwr", reason=f"Flower is not installed; {EXTRA}")
 
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402

@@ -12,7 +12,7 @@ import copy
 import numpy as np
 import pytest
 
-pytest.importorskip("flwr", reason="install the flower extra: pip install 'privkit[flower]'")
+pytest.importorskip("flwr", reason="install the flower extra: pip install -e '.[flower]'")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, FedProx  # noqa: E402

@@ -42,9 +42,10 @@ parser_class)`` (None for ``demo``) and ``run(args) -> int``."""
 #: How to install the trainers' extra: from a checkout of this project (its distribution,
 #: privkit-fl, is not on the package registry; the registry's "privkit" is another project).
 EXAMPLES_INSTALL = "pip install -e '.[examples]' from a checkout of privkit"
+"""What to run when a command needs the bundled trainers."""
+
 #: This project's distribution name (the import package is ``privkit``).
 DISTRIBUTION = "privkit-fl"
-"""What to run when a command needs the bundled trainers."""
 
 EXAMPLES_MODULES = frozenset({"fl_examples", "torch", "sklearn", "matplotlib", "safetensors",
                               "tqdm"})

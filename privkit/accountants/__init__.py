@@ -22,10 +22,32 @@ from privkit.accountants.accountant import (
     epsilon_batch,
     epsilon_batch_compositions,
 )
+from privkit.accountants.bandmf import (
+    BandMFCalibration,
+    BandMFSensitivity,
+    Cyclic,
+    CyclicPoisson,
+    MinSeparation,
+    bandmf_assumptions,
+    bandmf_event,
+    bandmf_round_events,
+    bandmf_sensitivity,
+    calibrate_bandmf,
+)
 from privkit.accountants.rules import NeighboringRelation
 
 __all__ = [
     "Accountant",
+    "BandMFCalibration",
+    "BandMFSensitivity",
+    "Cyclic",
+    "CyclicPoisson",
+    "MinSeparation",
+    "bandmf_assumptions",
+    "bandmf_event",
+    "bandmf_round_events",
+    "bandmf_sensitivity",
+    "calibrate_bandmf",
     "EpsilonReport",
     "Method",
     "NeighboringRelation",

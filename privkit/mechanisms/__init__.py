@@ -21,6 +21,13 @@ from privkit.mechanisms.aggregate import (
     floating_state,
     unamplified_event,
 )
+from privkit.mechanisms.bandmf import (
+    BANDMF_TRUST_ASSUMPTION,
+    BandedToeplitzStrategy,
+    BandMF,
+    BandMFState,
+    TreeStrategy,
+)
 from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm
 from privkit.mechanisms.gaussian import (
     GaussianOutputPerturbation,
@@ -42,6 +49,11 @@ from privkit.mechanisms.sampling import (
 
 __all__ = [
     "AdaptiveClipping",
+    "BANDMF_TRUST_ASSUMPTION",
+    "BandMF",
+    "BandMFState",
+    "BandedToeplitzStrategy",
+    "TreeStrategy",
     "ClientLevelGaussian",
     "TRUST_ASSUMPTION",
     "GaussianOutputPerturbation",

@@ -98,6 +98,17 @@ class MinSeparation:
         _validate.positive_int("min_separation", self.min_separation)
         _validate.positive_int("max_participations", self.max_participations)
 
+    def allows(self, rounds_taken: Any) -> bool:
+        """Whether one client taking part in ``rounds_taken`` (0-based rounds) fits.
+
+        Example:
+            >>> MinSeparation(3, 2).allows([0, 3]), MinSeparation(3, 2).allows([0, 2])
+            (True, False)
+        """
+        r = np.sort(_rounds_taken(rounds_taken))
+        return bool(r.size <= self.max_participations
+                    and np.all(np.diff(r) >= self.min_separation))
+
 
 @dataclass(frozen=True)
 class Cyclic:
@@ -109,6 +120,26 @@ class Cyclic:
 
     def __post_init__(self) -> None:
         _validate.positive_int("groups", self.groups)
+
+    def allows(self, rounds_taken: Any, group: int) -> bool:
+        """Whether a client of ``group`` (0-based) taking part in ``rounds_taken`` fits."""
+        return _in_group(rounds_taken, group, int(self.groups))
+
+
+def _rounds_taken(value: Any) -> np.ndarray:
+    r = np.asarray(value)
+    if r.ndim != 1 or (r.size and (r.dtype.kind not in "iu" or r.min() < 0)):
+        raise InvalidParameterError("rounds_taken", value, "a 1-D sequence of rounds >= 0")
+    if np.unique(r).size != r.size:
+        raise InvalidParameterError("rounds_taken", value, "distinct rounds")
+    return r.astype(np.int64)
+
+
+def _in_group(rounds_taken: Any, group: Any, groups: int) -> bool:
+    g = _validate.nonnegative_int("group", group)
+    if not g < groups:
+        raise InvalidParameterError("group", group, f"in [0, {groups})")
+    return bool(np.all(_rounds_taken(rounds_taken) % groups == g))
 
 
 @dataclass(frozen=True)
@@ -123,6 +154,10 @@ class CyclicPoisson:
     def __post_init__(self) -> None:
         _validate.positive_int("groups", self.groups)
         _validate.probability("sampling_probability", self.sampling_probability)
+
+    def allows(self, rounds_taken: Any, group: int) -> bool:
+        """Whether a client of ``group`` (0-based) taking part in ``rounds_taken`` fits."""
+        return _in_group(rounds_taken, group, int(self.groups))
 
 
 _SCHEMAS = (MinSeparation, Cyclic, CyclicPoisson)

@@ -2,7 +2,8 @@
 
 A run of :class:`privkit.mechanisms.BandMF` releases ``C^-1 (C x + Z)`` with ``Z`` i.i.d.
 ``N(0, (z C_clip)^2)``: a post-processing of one Gaussian mechanism ``C x + Z`` whose inputs
-may be chosen adaptively (Denisov et al., NeurIPS 2022). One client contributes rows
+may be chosen adaptively (Denisov et al., NeurIPS 2022; several participations:
+Choquette-Choo et al., ICML 2023). One client contributes rows
 ``g_t`` (``||g_t|| <= C_clip``) in the rounds it takes part in, so in units of ``C_clip`` the
 L2 sensitivity under add/remove-one-client is
 

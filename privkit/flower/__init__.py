@@ -3,6 +3,9 @@
 - :class:`ClientLevelDP`: client-level DP-FedAvg around any Flower message-API strategy
   (Poisson client sampling, each update clipped, one Gaussian draw on the sum, amplification
   priced by privkit, a privkit ledger charged before each round, a ``max_epsilon`` stop).
+- :class:`BandedClientLevelDP`: client-level DP without Poisson sampling around a strategy's
+  own cohort selection (banded matrix factorization's correlated noise; the server drops a
+  chosen node that took part in the last b - 1 rounds or too often, and reports how often).
 - Client mods for any ClientApp and strategy: :class:`OutputPerturbationMod`,
   :class:`ObjectivePerturbationMod` (Upcycled-FL's mechanisms), :class:`RecMod` (DP-REC: the
   update as a seed plus indices), :class:`DpSgdMod` (record-level DP-SGD in the ClientApp's
@@ -24,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("privkit.flower needs Flower: from a checkout of privkit, "
                       "pip install -e '.[flower]'") from exc
 
+from privkit.flower.banded import BandedClientLevelDP
 from privkit.flower.central import POPULATION, ClientLevelDP
 from privkit.flower.mods import (
     ClientSideClippingMod,
@@ -38,6 +42,7 @@ from privkit.flower.settings import MissingSettingError, PrivacySettings
 
 __all__ = [
     "ClientLevelDP",
+    "BandedClientLevelDP",
     "POPULATION",
     "ClientSideClippingMod",
     "DpSgdMod",

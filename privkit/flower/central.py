@@ -80,23 +80,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from logging import DEBUG, INFO, WARNING
+from logging import DEBUG, INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 import privkit
 from privkit import _validate
-from privkit._rng import SecureRandom
-from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.errors import InvalidParameterError
 from privkit.flower import records as keys
+from privkit.flower._server import (
+    CLIENT_CLIP_KEY,
+    CLIENT_CLIPPED_KEY,
+    DEFAULT_DELTA,
+    POPULATION,
+    ServerSideDP,
+    _Round,
+)
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import (
     TRUST_ASSUMPTION,
@@ -104,20 +109,10 @@ from privkit.mechanisms.aggregate import (
     ClientLevelGaussian,
     unamplified_event,
 )
-from privkit.seeds import SeedTree
 
 __all__ = ["ClientLevelDP", "POPULATION", "DEFAULT_DELTA", "CLIENT_CLIP_KEY",
            "CLIENT_CLIPPED_KEY", "CLIENT_SIDE_ASSUMPTION"]
 
-#: The ledger id charged every round: client-level DP gives every client the population's
-#: guarantee.
-POPULATION = "population"
-#: delta of the ledger the wrapper creates when none is given.
-DEFAULT_DELTA = 1e-5
-#: The train config key that carries the clip norm to :class:`ClientSideClippingMod`.
-CLIENT_CLIP_KEY = "privkit-client-clip-norm"
-#: The reply metric by which :class:`ClientSideClippingMod` confirms it clipped the update.
-CLIENT_CLIPPED_KEY = "privkit-client-clipped"
 #: Where the clipping happens.
 CLIPPING = ("server", "client")
 #: What client-side clipping assumes (every report of that variant states it).
@@ -127,17 +122,7 @@ CLIENT_SIDE_ASSUMPTION = (
     "adds the noise to the sum, so it is still trusted with the sum before noise")
 
 
-@dataclass(frozen=True)
-class _Round:
-    """A charged round: the global model sent, the sampled nodes, a message to reply to."""
-
-    server_round: int
-    arrays: ArrayRecord
-    sampled: frozenset[int]
-    template: Message
-
-
-class ClientLevelDP(Strategy):
+class ClientLevelDP(ServerSideDP):
     """Client-level DP-FedAvg around any Flower message-API strategy (module docstring).
 
     Args:
@@ -179,51 +164,30 @@ class ClientLevelDP(Strategy):
         (0.1, 10.0)
     """
 
+    _population_note = "the sample and the divisor q N must cover the same population"
+
     def __init__(self, strategy: Strategy, *, num_clients: int, client_rate: float,
                  l2_clip_norm: float, noise_multiplier: float, ledger: Ledger | None = None,
                  delta: float | None = None, max_epsilon: float | None = None,
                  seed: int | None = None, run_id: str = "flower",
                  node_timeout: float = 30.0, adaptive: AdaptiveClipping | None = None,
                  clipping: str = "server") -> None:
-        if not isinstance(strategy, Strategy):
-            raise InvalidParameterError("strategy", strategy,
-                                        "a Flower strategy (flwr.serverapp.strategy.Strategy)")
-        if isinstance(strategy, ClientLevelDP):
-            raise InvalidParameterError("strategy", strategy, "a strategy not already wrapped")
+        self._wrap(strategy)
         fraction = getattr(strategy, "fraction_train", 1.0)
         if fraction != 1.0:
             raise InvalidParameterError(
                 "strategy", f"fraction_train={fraction!r}",
                 "fraction_train=1.0 (ClientLevelDP samples the clients at client_rate)")
-        if getattr(strategy, "accountant", None) is not None:
-            raise InvalidParameterError("strategy", "a strategy with its own privacy settings",
-                                        "a strategy without privacy (ClientLevelDP charges)")
+        self._no_own_privacy(strategy)
         self.strategy = strategy
         self.num_clients = _validate.positive_int("num_clients", num_clients)
         self.client_rate = _validate.probability("client_rate", client_rate)
         self.mechanism = ClientLevelGaussian(
             _validate.positive("l2_clip_norm", l2_clip_norm),
             _validate.positive("noise_multiplier", noise_multiplier), self.client_rate)
-        self.max_epsilon = None if max_epsilon is None else _validate.positive(
-            "max_epsilon", max_epsilon)
-        self.seed = None if seed is None else _validate.nonnegative_int("seed", seed)
-        if not (isinstance(run_id, str) and run_id):
-            raise InvalidParameterError("run_id", run_id, "a non-empty string")
-        self.run_id = run_id
-        self.node_timeout = _validate.positive("node_timeout", node_timeout)
-        if ledger is None:
-            d = DEFAULT_DELTA if delta is None else _validate.delta("delta", delta)
-            ledger = Ledger.create(None, population_id=f"flower-client-level|{run_id}",
-                                   delta=d)
-        elif not isinstance(ledger, Ledger):
-            raise InvalidParameterError("ledger", ledger, "a privkit Ledger")
-        elif delta is not None and _validate.delta("delta", delta) != ledger.delta:
-            raise InvalidParameterError("delta", delta, f"the ledger's delta {ledger.delta:g}")
-        if ledger.neighboring_relation != self.mechanism.neighboring_relation:
-            raise InvalidParameterError(
-                "ledger", ledger.neighboring_relation.name,
-                "a ledger for ADD_OR_REMOVE_ONE (client-level DP adds or removes a client)")
-        self.ledger = ledger
+        self._common(max_epsilon=max_epsilon, seed=seed, run_id=run_id,
+                     node_timeout=node_timeout)
+        self.ledger = self._make_ledger(ledger, delta, f"flower-client-level|{run_id}")
         if clipping not in CLIPPING:
             raise InvalidParameterError("clipping", clipping, "server or client")
         self.clipping = clipping
@@ -239,9 +203,6 @@ class ClientLevelDP(Strategy):
                                             "(the count needs the unclipped update norms)")
         self.adaptive = adaptive
         self.clip_norm = float(self.mechanism.l2_clip_norm)  # the round's (adaptive: moves)
-        self.stopped: str | None = None  # why training stopped (privacy budget)
-        self._round: _Round | None = None
-        self._skipped: int | None = None  # a round the inner strategy sent nothing in
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -263,10 +224,6 @@ class ClientLevelDP(Strategy):
         z = float(self.mechanism.noise_multiplier)
         return self.adaptive.joint_noise_multiplier(z) if self.adaptive is not None else z
 
-    def epsilon(self) -> float:
-        """The population's epsilon so far, at the ledger's delta."""
-        return float(self.ledger.epsilons([POPULATION])[POPULATION])
-
     def epsilon_unamplified(self, rounds: int) -> float:
         """The epsilon of a client that took part in ``rounds`` rounds, without amplification:
         what holds against the server, which knows the sample."""
@@ -279,14 +236,6 @@ class ClientLevelDP(Strategy):
         """Training rounds charged on the ledger so far."""
         return int(sum(n for _, n in self.ledger.composition(POPULATION).atoms))
 
-    def _epsilon_after(self, event: Any) -> float:
-        """The population's epsilon if ``event`` were charged once more (nothing changes)."""
-        atoms = [privkit.SelfComposedDpEvent(a, n)
-                 for a, n in self.ledger.composition(POPULATION).atoms]
-        return float(privkit.epsilon(privkit.ComposedDpEvent(atoms + [event]),
-                                     self.ledger.delta, self.ledger.method,
-                                     neighboring_relation=self.ledger.neighboring_relation))
-
     def _metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "privkit-epsilon": self.epsilon(), "privkit-delta": float(self.ledger.delta),
@@ -297,37 +246,6 @@ class ClientLevelDP(Strategy):
             out["privkit-budget-stopped"] = 1
         return out
 
-    def _rng(self, server_round: int, stream: str) -> Any:
-        if self.seed is None:
-            return SecureRandom()
-        return SeedTree(self.seed).numpy(server_round, stream)
-
-    def _nodes(self, grid: Grid) -> list[int]:
-        """The connected nodes: exactly ``num_clients`` of them (the population the mean
-        divides by). More is an error at once; fewer, a stated, bounded wait."""
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) < self.num_clients:
-            log(INFO, "ClientLevelDP: %d of num_clients=%d nodes connected; waiting up to "
-                "%g s for the rest", len(nodes), self.num_clients, self.node_timeout)
-            deadline = time.monotonic() + self.node_timeout
-            while len(nodes := sorted(grid.get_node_ids())) < self.num_clients:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"ClientLevelDP: only {len(nodes)} of num_clients={self.num_clients} "
-                        f"nodes connected within {self.node_timeout:g} s (node_timeout); "
-                        "start the missing SuperNodes or lower num_clients")
-                time.sleep(0.5)
-        if len(nodes) > self.num_clients:
-            raise RuntimeError(
-                f"ClientLevelDP: {len(nodes)} nodes connected but num_clients={self.num_clients}"
-                ": the sample and the divisor q N must cover the same population; set "
-                f"num_clients={len(nodes)} (nothing was charged)")
-        return nodes
-
-    def _stop(self, server_round: int, why: str) -> None:
-        self.stopped = f"stopped before server round {server_round}: {why}"
-        log(WARNING, "%s", self.stopped)
-
     # -- train ---------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -336,25 +254,14 @@ class ClientLevelDP(Strategy):
         if self.stopped is not None:
             return []
         event = self.event
-        over = bool(self.ledger.would_exceed([POPULATION], event)[0])
-        eps_next = self._epsilon_after(event) if self.max_epsilon is not None else None
-        if over or (eps_next is not None and eps_next > self.max_epsilon):  # type: ignore[operator]
-            limit = (f"max_epsilon={self.max_epsilon:g}" if not over
-                     else f"the ledger's epsilon_budget={self.ledger.epsilon_budget:g}")
-            self._stop(server_round, f"one more round would exceed {limit} at delta "
-                       f"{self.ledger.delta:g} (epsilon now {self.epsilon():.6g})")
+        if self._over_budget(server_round, event):
             return []
         nodes = self._nodes(grid)
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not messages:  # the inner strategy trains nobody: post-processing, free
             self._skipped = server_round
             return []
-        by_node: dict[int, Message] = {}
-        for m in messages:
-            nid = m.metadata.dst_node_id
-            if nid in by_node:
-                raise RuntimeError(f"the inner strategy sent node {nid} two train messages")
-            by_node[nid] = m
+        by_node = self._by_node(messages)
         missing = sorted(set(nodes) - set(by_node))
         if missing:
             raise RuntimeError(
@@ -363,11 +270,8 @@ class ClientLevelDP(Strategy):
         rng = self._rng(server_round, "poisson-clients")
         u = np.asarray(rng.uniform(len(nodes)) if self.seed is None else rng.random(len(nodes)))
         sampled = [nid for nid, x in zip(nodes, u) if x < self.client_rate]
-        try:  # write-ahead: the ledger knows before any node does
-            self.ledger.spend([POPULATION], event, label="client-level DP-FedAvg sum",
-                              round=int(server_round), run_id=self.run_id)
-        except BudgetExceededError as exc:
-            self._stop(server_round, str(exc))
+        # write-ahead: the ledger knows before any node does
+        if not self._charge(server_round, event, "client-level DP-FedAvg sum"):
             return []
         if self.clipping == "client":
             for nid in sampled:
@@ -379,51 +283,6 @@ class ClientLevelDP(Strategy):
             self.ledger.delta)
         log(DEBUG, "ClientLevelDP: round %d sampled nodes %s", server_round, sorted(sampled))
         return [by_node[nid] for nid in sampled]
-
-    def _updates(self, replies: list[Message], sent: _Round) -> dict[str, np.ndarray]:
-        """Each usable reply's update (float64) stacked on a leading client axis."""
-        glob = keys.from_record(sent.arrays)
-        name = getattr(self.strategy, "arrayrecord_key", keys.ARRAYS)
-        rows: list[dict[str, np.ndarray]] = []
-        seen: set[int] = set()
-        for msg in replies:
-            src = msg.metadata.src_node_id
-            if msg.has_error():
-                log(DEBUG, "ClientLevelDP: node %d replied with an error: %s", src,
-                    msg.error.reason)
-                continue
-            if src not in sent.sampled or src in seen:
-                log(DEBUG, "ClientLevelDP: ignoring a reply from node %d (not sampled, or "
-                    "a second reply)", src)
-                continue
-            seen.add(src)
-            if self.clipping == "client" and not _confirmed_clip(msg, self.clip_norm):
-                log(DEBUG, "ClientLevelDP: node %d did not confirm client-side clipping to "
-                    "%g; its update counts as zero", src, self.clip_norm)
-                continue
-            records = msg.content.array_records
-            record = records.get(name) if name in records else (
-                next(iter(records.values())) if len(records) == 1 else None)
-            try:
-                if record is None:
-                    raise InvalidParameterError("arrays", list(records),
-                                                f"one ArrayRecord ({name!r})")
-                got = keys.from_record(record)
-            except InvalidParameterError as exc:
-                log(DEBUG, "ClientLevelDP: node %d's reply counts as zero: %s", src, exc)
-                continue
-            if list(got) != list(glob) or any(got[k].shape != glob[k].shape for k in glob):
-                log(DEBUG, "ClientLevelDP: node %d's arrays differ from the global model's; "
-                    "its update counts as zero", src)
-                continue
-            row = {k: got[k].astype(np.float64) - glob[k].astype(np.float64) for k in glob}
-            if not all(np.isfinite(v).all() for v in row.values()):
-                log(DEBUG, "ClientLevelDP: node %d's update is not finite; it counts as "
-                    "zero", src)
-                continue
-            rows.append(row)
-        return {k: (np.stack([r[k] for r in rows]) if rows
-                    else np.zeros((0,) + v.shape, np.float64)) for k, v in glob.items()}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -448,29 +307,11 @@ class ClientLevelDP(Strategy):
                                                   rng=rng)
         noisy = mech(updates, rng=rng)
         mean = ClientLevelGaussian.mean(noisy, self.expected_clients)
-        glob = keys.from_record(sent.arrays)
-        new = {k: (v.astype(np.float64) + mean[k]).astype(v.dtype) for k, v in glob.items()}
-        weight_key = getattr(self.strategy, "weighted_by_key", keys.NUM_EXAMPLES)
-        content = RecordDict({getattr(self.strategy, "arrayrecord_key", keys.ARRAYS):
-                              keys.to_record(new),
-                              keys.METRICS: MetricRecord({weight_key: 1})})
-        synthetic = Message(content, reply_to=sent.template)
-        arrays, metrics = self.strategy.aggregate_train(server_round, [synthetic])
         # the inner strategy counted one reply (the synthetic one): no real client count
-        inner = {k: v for k, v in dict(metrics or {}).items() if k != keys.CLIENTS}
+        arrays, inner = self._aggregate_mean(server_round, sent, mean)
         return arrays, MetricRecord(inner | self._metrics())
 
-    # -- evaluate (not private: passed through) ---------------------------------------------
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """The inner strategy's evaluation (its metrics are not covered by the guarantee)."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
-        """The inner strategy's aggregation of evaluation replies."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
-
+    # -- the run's privacy section ----------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """The privacy section of a run: the population's epsilon, what it assumes (trust,
         sampling, relation), the unamplified epsilon against the server, what is public."""
@@ -537,9 +378,3 @@ def _set_config(msg: Message, key: str, value: Any) -> None:
         msg.content[keys.CONFIG] = ConfigRecord({key: value})
         return
     next(iter(records.values()))[key] = value
-
-
-def _confirmed_clip(msg: Message, clip: float) -> bool:
-    """Whether a reply carries :class:`ClientSideClippingMod`'s confirmation for ``clip``."""
-    metrics = list(msg.content.metric_records.values())
-    return len(metrics) == 1 and metrics[0].get(CLIENT_CLIPPED_KEY) == clip

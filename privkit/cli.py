@@ -401,7 +401,31 @@ def demo_rows() -> list[tuple[str, str, float, str, float]]:
     return rows
 
 
+def _examples_missing(name: str, commands: dict[str, Any]) -> BaseException | None:
+    """Why the registered command ``name`` cannot run (its entry point did not load, or a
+    module of the examples extra is not installed), or None. Looks modules up without
+    importing them."""
+    import importlib.util
+
+    command = commands.get(name)
+    if command is None or isinstance(command, BaseException):
+        return command if isinstance(command, BaseException) else ModuleNotFoundError(
+            "No module named 'fl_examples'", name="fl_examples")
+    for module in sorted(EXAMPLES_MODULES):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, or a None module
+            found = False
+        if not found:
+            return ModuleNotFoundError(f"No module named {module!r}", name=module)
+    return None
+
+
 def _cmd_demo(a: argparse.Namespace, commands: dict[str, Any]) -> int:
+    # the training part needs the examples extra: say so at once, before any table
+    missing = None if a.no_train else _examples_missing("demo", commands)
+    if missing is not None:
+        return _needs_examples("demo", missing)
     rows = demo_rows()
     if a.json:
         a.demo_json = {"epsilons": [

@@ -1,8 +1,17 @@
 """Privacy-utility trade-off across runs: ``privkit report tradeoff RUN_DIRS...``.
 
-Reads the ``report.json`` of many runs (see :mod:`fl_examples.core.report`), typically a
-sweep over noise levels with several seeds each, and draws epsilon against final test
-accuracy and train loss, like Fig. 3 of the Upcycled-FL paper.
+Reads the ``report.json`` of many runs (see :mod:`fl_examples.core.report`) of any bundled
+trainer, typically a sweep over noise levels with several seeds each, and draws epsilon
+against the final accuracy and loss, like Fig. 3 of the Upcycled-FL paper.
+
+Metrics
+    A private run publishes its metrics on the data set's public held-out set
+    (``heldout_accuracy``, ``heldout_loss``; docs/epsilon-covers.md), so those are read
+    wherever a report has them, for the non-private baselines of a private run too; older
+    and non-private reports without them give the clients' test accuracy and training loss.
+    The table's columns and the plot's axes name the metric (``held-out acc``, ``test
+    acc``, ...; tagged per row when runs mix them). A regression (SCFL on ``linreg``) has no
+    accuracy: its column shows ``-`` and the plot has no accuracy panel.
 
 Grouping
     One :class:`RunPoint` per (run, algorithm). A *curve* is (algorithm, privacy kind,
@@ -13,25 +22,38 @@ Grouping
     curve per algorithm with one point per noise level, whatever the config key is called.
     The keys that vary along a curve are shown as the point's label (e.g. ``noise=1.5``).
 
-Non-private algorithms
-    An algorithm entry without ``privacy`` (e.g. a non-private baseline) is kept, with privacy
-    kind ``"none"`` and epsilon = +inf; the plot draws it as a dashed horizontal reference
-    line (mean over seeds, shaded min-max band). Private points whose epsilon is not finite
-    (an accountant that returned inf, or NaN) cannot be placed on the x-axis: they stay in the
-    table and are listed under the plot as omitted.
+Which privacy section
+    ``privacy`` holds the epsilon (``epsilon_mean``, ``epsilon_max``) of every trainer but
+    SCFL with gradient noise, which keeps its client gradients' epsilon in
+    ``gradient_privacy`` (its ``privacy`` is the coded upload's MI-DP): that epsilon is the
+    point's, with privacy kind ``gradient-dp`` and a note that the model also rests on the
+    coded upload. The privacy kind is the config's ``privacy`` (Upcycled-FL's ``output``,
+    ``record``, ...), MAPA's noise (``gaussian noise``, ``l2 noise``) or DP-REC's mechanism
+    (``rec``, ``client_level_gaussian``).
 
-Proven epsilons
-    A point is drawn with a filled marker only when every run in it reports ``proven: true``;
-    otherwise hollow, with the legend note "epsilon not proven". A missing ``proven`` counts
-    as not proven.
+Non-private algorithms
+    An algorithm entry without ``privacy``, or whose ``privacy`` says ``non_private: true``
+    (DP-REC's FedAvg reference), is kept with privacy kind ``"none"`` and epsilon = +inf; the
+    plot draws it as a dashed horizontal reference line (mean over seeds, shaded min-max
+    band). Private points whose epsilon is not finite (an accountant that returned inf, or
+    NaN) cannot be placed on the x-axis: they stay in the table and are listed under the plot
+    as omitted.
+
+Guarantees
+    Each point carries its report's ``guarantee``: ``proven``, ``simulation`` (a seeded run:
+    the epsilon holds only against someone who does not know the seed) or ``not proven``; a
+    row has the weakest of its runs'. A point is drawn with a filled marker only when it is
+    proven; otherwise hollow.
 
 MI-DP runs
     A trainer whose privacy is measured in mutual-information DP (SCFL's coded upload) writes
     ``privacy = {"measure": "mi_dp_nats", "mi_dp_nats_mean", "mi_dp_nats_max", ...}`` instead
     of epsilons. Such points carry ``measure = "mi_dp_nats"``; their table rows hold the value
     under ``mi_dp_nats`` (never ``epsilon``) and the plot's x axis reads "MI-DP (nats)". MI-DP
-    and epsilon cannot share an axis: mixing them in one report is refused. A sweep over the
-    coding noise gives the shape of SCFL's Fig. 2 (MI-DP against test accuracy).
+    and epsilon cannot share an axis: mixing them in one plot is refused, except that the
+    MI-DP-only methods of an SCFL run with gradient noise (DP-CFL) stay in the table and are
+    named under the plot. A sweep over the coding noise gives the shape of SCFL's Fig. 2
+    (MI-DP against accuracy).
 
 Numbers are never silently repaired: a NaN accuracy makes the mean NaN.
 """
@@ -43,11 +65,19 @@ import io
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_examples.core.report import tidy_axis
+from fl_examples.core.tradeoff_runs import (
+    _EPSILON_CHOICES,
+    GUARANTEES,
+    RunPoint,
+    _check_epsilon,
+    load_runs,
+)
 from privkit.errors import InvalidParameterError
 
 __all__ = [
@@ -69,200 +99,10 @@ IGNORED_CONFIG_KEYS = frozenset({
     "dataset_description",
 })
 
-_EPSILON_CHOICES = ("mean", "max")
-#: Privacy measures a report can carry: (epsilon, delta)-DP or MI-DP in nats.
-MEASURES = ("epsilon", "mi_dp_nats")
-
-
-@dataclass(frozen=True)
-class RunPoint:
-    """The final result of one algorithm in one run."""
-
-    algorithm: str
-    seed: int | None
-    dataset: str
-    privacy: str  # "output" | "objective" | ... ; "none" for an algorithm without privacy
-    epsilon_mean: float  # +inf when not private
-    epsilon_max: float
-    proven: bool
-    test_accuracy: float
-    train_loss: float
-    source: Path  # the report.json read
-    delta: float | None = None
-    config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    measure: str = "epsilon"  # "mi_dp_nats": epsilon_* are NaN, the value is in mi_dp_nats_*
-    mi_dp_nats_mean: float = math.nan
-    mi_dp_nats_max: float = math.nan
-
-    @property
-    def private(self) -> bool:
-        return self.privacy != "none"
-
-    def epsilon(self, which: str = "mean") -> float:
-        _check_epsilon(which)
-        return self.epsilon_mean if which == "mean" else self.epsilon_max
-
-    def value(self, which: str = "mean") -> float:
-        """The privacy number in this point's ``measure`` (epsilon or MI-DP nats)."""
-        _check_epsilon(which)
-        if self.measure == "mi_dp_nats":
-            return self.mi_dp_nats_mean if which == "mean" else self.mi_dp_nats_max
-        return self.epsilon(which)
-
-
-# ---------------------------------------------------------------------------------- loading
-
-
-def _check_epsilon(which: Any) -> str:
-    if which not in _EPSILON_CHOICES:
-        raise InvalidParameterError("epsilon", which, "'mean' or 'max'")
-    return which
-
-
-def _number(value: Any, where: str) -> float:
-    """A report number: finite JSON number, null (NaN) or the strings 'inf'/'-inf'/'nan'."""
-    if value is None:
-        return math.nan
-    if isinstance(value, bool):
-        raise InvalidParameterError(where, value, "a number")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "-inf", "nan"):
-        return float(value)
-    raise InvalidParameterError(where, value, "a number (or null, 'inf', '-inf')")
-
-
-def _report_files(paths: Iterable[str | Path]) -> list[Path]:
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            if (p / "report.json").is_file():
-                files.append(p / "report.json")
-                continue
-            found = sorted(p.rglob("report.json"))  # a sweep directory of run directories
-            if not found:
-                raise InvalidParameterError(
-                    "run directory", str(p), "a run directory containing report.json "
-                    "(or a directory with run directories below it)")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise InvalidParameterError("run directory", str(p),
-                                        "an existing run directory or report.json file")
-    unique: dict[Path, Path] = {}
-    for f in files:
-        unique.setdefault(f.resolve(), f)
-    return list(unique.values())
-
-
-def _load_file(path: Path) -> list[RunPoint]:
-    try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidParameterError(str(path), type(exc).__name__, "a readable file") from exc
-    except json.JSONDecodeError as exc:
-        raise InvalidParameterError(str(path), f"{exc.msg} at line {exc.lineno}",
-                                    "valid JSON (a report.json)") from exc
-
-    def key(name: str) -> str:
-        return f"{path}: {name}"
-
-    if not isinstance(body, dict):
-        raise InvalidParameterError(key("<top level>"), type(body).__name__, "a JSON object")
-    config = body.get("config")
-    if not isinstance(config, dict):
-        raise InvalidParameterError(key("config"), config, "a JSON object")
-    algorithms = body.get("algorithms")
-    if not isinstance(algorithms, dict) or not algorithms:
-        raise InvalidParameterError(key("algorithms"), algorithms,
-                                    "a non-empty JSON object of algorithm entries")
-    seed = config.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidParameterError(key("config.seed"), seed, "an integer")
-    dataset = config.get("dataset", "")
-    if not isinstance(dataset, str):
-        raise InvalidParameterError(key("config.dataset"), dataset, "a string")
-    kind = config.get("privacy", "none")
-    if kind is None:
-        kind = "none"
-    if not isinstance(kind, str):
-        raise InvalidParameterError(key("config.privacy"), kind, "a string")
-
-    points = []
-    for name, entry in algorithms.items():
-        where = f"algorithms.{name}"
-        if not isinstance(entry, dict):
-            raise InvalidParameterError(key(where), entry, "a JSON object")
-        final = entry.get("final")
-        if not isinstance(final, dict):
-            raise InvalidParameterError(key(f"{where}.final"), final,
-                                        "an evaluation object (was the run empty?)")
-        # the held-out metrics (public data: what a private run publishes), else the
-        # clients' test accuracy and training loss (older reports, non-private runs)
-        acc_key = "heldout_accuracy" if "heldout_accuracy" in final else "test_accuracy"
-        loss_key = "heldout_loss" if "heldout_loss" in final else "train_loss"
-        if loss_key not in final:
-            raise InvalidParameterError(key(f"{where}.final.{loss_key}"), None, "present")
-        # a regression task (SCFL on linreg) has no accuracy
-        test_acc = _number(final[acc_key], key(f"{where}.final.{acc_key}")) \
-            if acc_key in final else math.nan
-        loss = _number(final[loss_key], key(f"{where}.final.{loss_key}"))
-        priv = entry.get("privacy")
-        measure, mi_mean, mi_max = "epsilon", math.nan, math.nan
-        if priv is None:
-            run_kind, eps_mean, eps_max, proven, delta = "none", math.inf, math.inf, True, None
-        else:
-            if not isinstance(priv, dict):
-                raise InvalidParameterError(key(f"{where}.privacy"), priv, "a JSON object")
-            measure = priv.get("measure", "epsilon")
-            if measure not in MEASURES:
-                raise InvalidParameterError(key(f"{where}.privacy.measure"), measure,
-                                            "'epsilon' or 'mi_dp_nats'")
-            names = (("epsilon_mean", "epsilon_max") if measure == "epsilon"
-                     else ("mi_dp_nats_mean", "mi_dp_nats_max"))
-            for k in names:
-                if k not in priv:
-                    raise InvalidParameterError(key(f"{where}.privacy.{k}"), None, "present")
-            lo_hi = [_number(priv[k], key(f"{where}.privacy.{k}")) for k in names]
-            if measure == "epsilon":
-                eps_mean, eps_max = lo_hi
-            else:
-                eps_mean = eps_max = math.nan  # an MI-DP run has no epsilon
-                mi_mean, mi_max = lo_hi
-            proven = priv.get("proven", False)
-            if not isinstance(proven, bool):
-                raise InvalidParameterError(key(f"{where}.privacy.proven"), proven,
-                                            "true or false")
-            delta = priv.get("delta")
-            if delta is not None:
-                delta = _number(delta, key(f"{where}.privacy.delta"))
-            run_kind = kind if kind != "none" else "private"
-        points.append(RunPoint(
-            algorithm=str(name), seed=seed, dataset=dataset, privacy=run_kind,
-            epsilon_mean=eps_mean, epsilon_max=eps_max, proven=proven,
-            test_accuracy=test_acc, train_loss=loss, source=path, delta=delta,
-            config=dict(config), measure=measure, mi_dp_nats_mean=mi_mean,
-            mi_dp_nats_max=mi_max))
-    return points
-
-
-def load_runs(paths: Iterable[str | Path]) -> list[RunPoint]:
-    """One :class:`RunPoint` per (run, algorithm).
-
-    Each path is a run directory holding ``report.json``, a ``report.json`` file, or a
-    directory with run directories somewhere below it (all their reports are read). A file
-    given twice is read once. A missing or malformed file raises
-    :class:`~privkit.errors.InvalidParameterError` naming the path and the offending key.
-    """
-    files = _report_files(paths)
-    if not files:
-        raise InvalidParameterError("RUN_DIRS", [], "at least one run directory")
-    points: list[RunPoint] = []
-    for f in files:
-        points.extend(_load_file(f))
-    return points
+#: The metrics a point's accuracy and loss can be, and how the table and plot name them.
+METRIC_NAMES = {"heldout_accuracy": "held-out accuracy", "test_accuracy": "test accuracy",
+                "heldout_loss": "held-out loss", "train_loss": "train loss",
+                "none": "accuracy (none: a regression)"}
 
 
 # ---------------------------------------------------------------------------- aggregating
@@ -297,10 +137,14 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
     named ``mi_dp_nats*`` instead. Each row
     has ``algorithm``, ``privacy``, ``dataset``, ``setting`` (the config keys that vary along
     the curve, as a dict) and ``label`` (the same as text), ``n_runs``, ``n_seeds``, ``seeds``,
-    ``epsilon_stat``, then ``epsilon``, ``test_accuracy``, ``train_loss`` (means over runs)
-    each with ``_lo``/``_hi`` (min/max over runs), ``proven`` (all runs proven), ``delta``
-    (the common delta, or None / a list when they differ) and ``sources``. Rows are sorted by
-    curve, then by epsilon.
+    ``epsilon_stat``, then ``epsilon``, ``accuracy``, ``loss`` (means over runs) each with
+    ``_lo``/``_hi`` (min/max over runs), ``accuracy_metric`` and ``loss_metric`` (which
+    metric they are: ``heldout_accuracy`` / ``test_accuracy``, ``heldout_loss`` /
+    ``train_loss``, or ``mixed``), ``proven`` (all runs proven), ``guarantee`` (the weakest
+    over runs: ``proven``, ``simulation``, ``not proven``; ``-`` when not private), ``delta``
+    (the common delta, or None / a list when they differ), ``notes`` (what the epsilon leaves
+    out, e.g. SCFL's coded upload) and ``sources``. Rows are sorted by curve, then by
+    epsilon.
     """
     _check_epsilon(epsilon)
     ignored = frozenset(ignore)
@@ -330,10 +174,11 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
         keys = sorted(varying[gkey[:3]])
         setting = {k: settings[gkey].get(k) for k in keys}
         eps = _stats([r.value(epsilon) for r in runs])
-        acc = _stats([r.test_accuracy for r in runs])
-        loss = _stats([r.train_loss for r in runs])
+        acc = _stats([r.accuracy for r in runs])
+        loss = _stats([r.loss for r in runs])
         deltas = sorted({r.delta for r in runs if r.delta is not None})
         seeds = sorted(r.seed for r in runs if r.seed is not None)
+        marks = {r.guarantee for r in runs}
         rows.append({
             "algorithm": alg, "privacy": kind, "dataset": dataset,
             "setting": setting, "label": ", ".join(f"{k}={_fmt_value(v)}"
@@ -341,10 +186,14 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
             "n_runs": len(runs), "n_seeds": len(set(seeds)), "seeds": seeds,
             "epsilon_stat": epsilon, "measure": measure,
             measure: eps[0], f"{measure}_lo": eps[1], f"{measure}_hi": eps[2],
-            "test_accuracy": acc[0], "test_accuracy_lo": acc[1], "test_accuracy_hi": acc[2],
-            "train_loss": loss[0], "train_loss_lo": loss[1], "train_loss_hi": loss[2],
+            "accuracy": acc[0], "accuracy_lo": acc[1], "accuracy_hi": acc[2],
+            "loss": loss[0], "loss_lo": loss[1], "loss_hi": loss[2],
+            "accuracy_metric": _common(r.accuracy_metric for r in runs),
+            "loss_metric": _common(r.loss_metric for r in runs),
             "proven": all(r.proven for r in runs),
+            "guarantee": next((g for g in (*GUARANTEES[::-1], "-") if g in marks), "-"),
             "delta": (deltas[0] if len(deltas) == 1 else (deltas or None)),
+            "notes": sorted({r.note for r in runs if r.note}),
             "sources": sorted(str(r.source) for r in runs),
         })
 
@@ -357,6 +206,12 @@ def tradeoff_table(points: Sequence[RunPoint], *, epsilon: str = "mean",
     return rows
 
 
+def _common(values: Iterable[str]) -> str:
+    """The one value of ``values``, or ``"mixed"``."""
+    found = set(values)
+    return found.pop() if len(found) == 1 else "mixed"
+
+
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
@@ -367,28 +222,55 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+_SHORT = {"heldout_accuracy": ("held-out acc", "held-out"), "test_accuracy": ("test acc", "test"),
+          "heldout_loss": ("held-out loss", "held-out"), "train_loss": ("train loss", "train"),
+          "none": ("accuracy", "none")}
+
+
+def _metric_title(rows: Sequence[Mapping[str, Any]], which: str, *, short: bool = True) -> str:
+    """What the rows' accuracy (or loss) is: one metric's name, or ``which`` when they mix."""
+    metrics = {r[f"{which}_metric"] for r in rows}
+    if len(metrics) == 1 and (m := metrics.pop()) in METRIC_NAMES:
+        return _SHORT[m][0] if short else METRIC_NAMES[m]
+    if short:
+        return which
+    other = "test accuracy" if which == "accuracy" else "training loss"
+    return f"{which}: held-out where the report has it, else the clients' {other}"
+
+
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A readable text table of :func:`tradeoff_table` rows."""
+    """A readable text table of :func:`tradeoff_table` rows, its metric columns named by what
+    they are (held-out or the clients' test accuracy; a value is tagged when rows mix)."""
     def rng(row: Mapping[str, Any], k: str, fmt: str) -> str:
         mean, lo, hi = row[k], row[f"{k}_lo"], row[f"{k}_hi"]
         if math.isinf(mean) or math.isnan(mean) or lo == hi:
             return format(mean, fmt)
         return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
+    def metric(row: Mapping[str, Any], k: str, mixed: bool) -> str:
+        if row.get(f"{k}_metric") == "none":
+            return "-"
+        text = rng(row, k, ".4f")
+        m = row.get(f"{k}_metric")
+        return text + (f" ({_SHORT[m][1]})" if mixed and m in _SHORT else
+                       " (mixed)" if mixed else "")
+
     stat = rows[0]["epsilon_stat"] if rows else "mean"
     measures = {r.get("measure", "epsilon") for r in rows if r["privacy"] != "none"}
     name = "MI-DP nats" if measures == {"mi_dp_nats"} else "epsilon"
     if len(measures) > 1:
         name = "epsilon | MI-DP nats"
-    header = ["algorithm", "privacy", "setting", "seeds", f"{name} ({stat})", "proven",
-              "test acc", "train loss"]
+    mixed = {k: len({r[f"{k}_metric"] for r in rows}) > 1 for k in ("accuracy", "loss")}
+    header = ["algorithm", "privacy", "setting", "seeds", f"{name} ({stat})", "guarantee",
+              _metric_title(rows, "accuracy"), _metric_title(rows, "loss")]
     body = []
     for r in rows:
         body.append([
             r["algorithm"], r["privacy"] + (f" [{r['dataset']}]" if r["dataset"] else ""),
-            r["label"] or "-", str(r["n_runs"]), rng(r, r.get("measure", "epsilon"), ".3f"),
-            ("-" if r["privacy"] == "none" else ("yes" if r["proven"] else "NO")),
-            rng(r, "test_accuracy", ".4f"), rng(r, "train_loss", ".4f"),
+            r["label"] or "-", str(r["n_runs"]), rng(r, r.get("measure", "epsilon"), ".3f")
+            + (" nats" if len(measures) > 1 and r.get("measure") == "mi_dp_nats" else ""),
+            {"not proven": "NOT PROVEN"}.get(r["guarantee"], r["guarantee"]),
+            metric(r, "accuracy", mixed["accuracy"]), metric(r, "loss", mixed["loss"]),
         ])
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
@@ -397,20 +279,63 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines.append("values: mean over seeds [min, max]; epsilon inf = not private"
                  + ("; MI-DP (Cuff-Yu, nats) is not an epsilon" if "mi_dp_nats" in measures
                     else ""))
+    metrics = {r[f"{k}_metric"] for r in rows for k in ("accuracy", "loss")}
+    said = []
+    if metrics & {"heldout_accuracy", "heldout_loss", "mixed"}:
+        said.append("held-out: the data set's public held-out set (what a private run "
+                    "publishes)")
+    if metrics & {"test_accuracy", "train_loss", "mixed"}:
+        said.append("test / train: the clients' own data (non-private or older reports)")
+    if said:
+        lines.append("; ".join(said))
+    if any(r["guarantee"] == "simulation" for r in rows):
+        lines.append("simulation: a seeded run; its epsilon holds only against someone who "
+                     "does not know the seed (--secure-noise for a proven one)")
+    lines += [f"note: {n}" for n in sorted({n for r in rows for n in r.get("notes", [])})]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- plotting
 
 
+def _one_measure(rows: list[dict[str, Any]], points: Sequence[RunPoint]
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows to plot on one privacy axis, and the MI-DP rows left beside it.
+
+    Epsilon and MI-DP (nats) cannot share an axis. Within an SCFL run with gradient noise the
+    methods that send no client gradient (DP-CFL) have only the coded upload's MI-DP: such
+    rows, from reports whose other algorithms have an epsilon, are left off the plot (and
+    named under it). Otherwise a mix is refused.
+    """
+    private = [r for r in rows if r["privacy"] != "none"]
+    if len({r["measure"] for r in private}) <= 1:
+        return rows, []
+    eps_sources = {s for r in private if r["measure"] == "epsilon" for s in r["sources"]}
+    mi = [r for r in private if r["measure"] == "mi_dp_nats"]
+    if all(set(r["sources"]) <= eps_sources for r in mi):
+        return [r for r in rows if r not in mi], [
+            f"{r['algorithm']} ({r['mi_dp_nats']:.3g} nats)" for r in mi]
+    raise InvalidParameterError(
+        "RUN_DIRS", sorted({str(p.source) for p in points}),
+        "runs of one privacy measure: epsilon and MI-DP (nats) cannot share an axis")
+
+
+#: Metadata a saved figure can carry, by format (matplotlib's keys per backend).
+_METADATA_KEYS = {"png": ("Title", "Description"), "pdf": ("Title", "Subject"),
+                  "svg": ("Title", "Description")}
+
+
 def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
                   epsilon: str = "mean") -> Path:
     """Write the privacy-utility plot to ``out_png`` (atomically) and return its path.
 
-    Left: test accuracy, right: train loss, against epsilon (``epsilon_mean`` or
-    ``epsilon_max`` over clients, mean over seeds). Bars are min-max over seeds in both
-    directions; one curve per (algorithm, privacy kind, dataset), sorted by epsilon; hollow
-    markers where epsilon is not proven; non-private algorithms as dashed horizontal lines.
+    Left: accuracy, right: loss, each the held-out metric where the reports have it (the
+    axis says which), against epsilon (``epsilon_mean`` or ``epsilon_max`` over clients,
+    mean over seeds). Bars are min-max over seeds in both directions; one curve per
+    (algorithm, privacy kind, dataset), sorted by epsilon; hollow markers where epsilon is not
+    proven (a seeded simulation, or unproven settings); non-private algorithms as dashed
+    horizontal lines. A panel with no finite value (the accuracy of a regression) is left out.
+    The title and the PNG's ``Title`` / ``Description`` text say what is plotted.
     """
     _check_epsilon(epsilon)
     out = Path(out_png)
@@ -424,13 +349,13 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
 
     fmt = out.suffix.lstrip(".").lower()
     rows = tradeoff_table(points, epsilon=epsilon)
-    measures = {r["measure"] for r in rows if r["privacy"] != "none"}
-    if len(measures) > 1:
-        raise InvalidParameterError(
-            "RUN_DIRS", sorted({str(p.source) for p in points}),
-            "runs of one privacy measure: epsilon and MI-DP (nats) cannot share an axis")
-    measure = measures.pop() if measures else "epsilon"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    rows, beside = _one_measure(rows, points)
+    measure = next((r["measure"] for r in rows if r["privacy"] != "none"), "epsilon")
+    panels = [k for k in ("accuracy", "loss")
+              if any(math.isfinite(r[k]) for r in rows)] or ["loss"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels) + 0.4, 4.8),
+                             squeeze=False, layout="constrained")
+    axes = axes[0]
     try:
         supported = fig.canvas.get_supported_filetypes()
         if fmt not in supported:
@@ -442,9 +367,8 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
         several_datasets = len({c[2] for c in curves}) > 1
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         omitted: list[str] = []
-        # an axis whose values are all NaN (e.g. accuracy of a regression) gets no log scale
-        with_data = {"test_accuracy": False, "train_loss": False}
-        any_unproven = False
+        with_data = dict.fromkeys(panels, False)
+        marks: set[str] = set()
         finite_eps: list[float] = []
         for i, ((alg, kind, dataset), crows) in enumerate(curves.items()):
             color = colors[i % len(colors)]
@@ -452,8 +376,10 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
             if several_datasets:
                 name += f" [{dataset}]"
             if kind == "none":
-                for ax, k in zip(axes, ("test_accuracy", "train_loss")):
+                for ax, k in zip(axes, panels):
                     for j, r in enumerate(crows):
+                        if not math.isfinite(r[k]):
+                            continue
                         label = name + (f" {r['label']}" if len(crows) > 1 else "")
                         ls = ("--", ":", "-.")[j % 3]
                         ax.axhline(r[k], color=color, ls=ls, lw=1.3, label=label)
@@ -471,7 +397,7 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
                            + [r[f"{measure}_hi"] for r in placed])
             xerr = [[x - r[f"{measure}_lo"] for x, r in zip(xs, placed)],
                     [r[f"{measure}_hi"] - x for x, r in zip(xs, placed)]]
-            for ax, k in zip(axes, ("test_accuracy", "train_loss")):
+            for ax, k in zip(axes, panels):
                 ys = [r[k] for r in placed]
                 with_data[k] |= any(math.isfinite(y) for y in ys)
                 yerr = [[y - r[f"{k}_lo"] for y, r in zip(ys, placed)],
@@ -480,43 +406,68 @@ def plot_tradeoff(points: Sequence[RunPoint], out_png: str | Path, *,
                             lw=1.5, elinewidth=1, label=name)
                 for x, y, r in zip(xs, ys, placed):
                     ax.plot([x], [y], "o", ms=6, color=color,
-                            mfc=color if r["proven"] else "white", mec=color, mew=1.5)
-                    if len(placed) > 1 and r["label"] and k == "test_accuracy":
+                            mfc=color if r["guarantee"] == "proven" else "white", mec=color,
+                            mew=1.5)
+                    if len(placed) > 1 and r["label"] and k == panels[0]:
                         ax.annotate(r["label"], (x, y), textcoords="offset points",
                                     xytext=(4, 4), fontsize=7, color=color)
-            any_unproven |= not all(r["proven"] for r in placed)
+            marks |= {r["guarantee"] for r in placed}
 
         positive = [e for e in finite_eps if e > 0]
         log_x = bool(positive) and len(positive) == len(finite_eps) \
             and max(positive) / min(positive) > 30
         deltas = {r["delta"] for r in rows if r["privacy"] != "none"
                   and isinstance(r["delta"], float)} if measure == "epsilon" else set()
-        delta_txt = f", delta = {deltas.pop():g}" if len(deltas) == 1 else ""
-        for ax, title in zip(axes, ("test accuracy", "train loss")):
-            ax.set_xlabel(f"epsilon ({epsilon} over clients{delta_txt})" if measure == "epsilon"
+        delta_txt = f", δ = {deltas.pop():g}" if len(deltas) == 1 else ""
+        for ax, k in zip(axes, panels):
+            ax.set_xlabel(f"ε ({epsilon} over clients{delta_txt})" if measure == "epsilon"
                           else f"MI-DP, nats ({epsilon} over clients; coded upload only, "
-                          "not an epsilon)")
-            ax.set_ylabel(title)
-            ax.set_title(f"{title} vs privacy")
+                          "not an ε)")
+            ax.set_ylabel(textwrap.fill(_metric_title(rows, k, short=False), 45)
+                          + " (final)")
             ax.grid(alpha=0.3)
-            if log_x and with_data["test_accuracy" if title == "test accuracy" else "train_loss"]:
+            if log_x and with_data[k]:
                 ax.set_xscale("log")
+            tidy_axis(ax, [r[k] for r in rows])
+            if not (log_x and with_data[k]):
+                tidy_axis(ax, finite_eps, "x")
         handles, labels = axes[0].get_legend_handles_labels()
-        if any_unproven:
+        hollow = ("hollow marker: epsilon not proven" if "not proven" in marks else
+                  "hollow marker: seeded simulation (not proven)" if "simulation" in marks
+                  else None)
+        if hollow:
             handles.append(Line2D([], [], ls="none", marker="o", mfc="white", mec="gray",
                                   mew=1.5))
-            labels.append("hollow marker: epsilon not proven")
+            labels.append(hollow)
         if handles:
             axes[0].legend(handles, labels, fontsize=8)
-        fig.suptitle("privacy-utility trade-off (mean over seeds; bars: min-max over seeds)",
-                     fontsize=10)
+        datasets = sorted({r["dataset"] for r in rows if r["dataset"]})
+        title = ("privacy-utility trade-off" + (f" on {', '.join(datasets)}" if datasets
+                                                else "")
+                 + ": final " + " and ".join(_metric_title(rows, k, short=False).split(":")[0]
+                                             for k in panels)
+                 + f" against {'ε' if measure == 'epsilon' else 'MI-DP'}")
+        fig.suptitle(textwrap.fill(title, 110) + "\n(mean over seeds; bars: min-max over "
+                     "seeds)", fontsize=10)
+        foot = [f"not plotted (MI-DP of the coded upload, not an ε): {', '.join(beside)}"] \
+            if beside else []
         if omitted:
             what = "epsilon" if measure == "epsilon" else "MI-DP"
-            fig.text(0.01, 0.01, f"not plotted ({what} not finite): " + "; ".join(omitted),
-                     fontsize=7, color="gray")
-        fig.tight_layout(rect=(0, 0.04 if omitted else 0, 1, 1))
+            foot.append(f"not plotted ({what} not finite): " + "; ".join(omitted))
+        foot += [f"note: {n}" for n in sorted({n for r in rows for n in r["notes"]})]
+        if foot:
+            fig.supxlabel("\n".join(textwrap.fill(f, int(fig.get_figwidth() * 16))
+                                    for f in foot), fontsize=7, color="gray", x=0.01,
+                          ha="left")
+        description = "; ".join(
+            f"{r['algorithm']} ({r['privacy']}{', ' + r['label'] if r['label'] else ''}): "
+            + (f"{measure} {r[measure]:.4g}" if r["privacy"] != "none" else "non-private")
+            + f", {r['accuracy_metric']} {r['accuracy']:.4g}, {r['loss_metric']} "
+            f"{r['loss']:.4g}" for r in rows)
+        keys = _METADATA_KEYS.get(fmt)
         buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, dpi=110)
+        fig.savefig(buf, format=fmt, dpi=110, metadata=dict(zip(keys, (title, description)))
+                    if keys else None)
     finally:
         plt.close(fig)
     if out.parent != Path(""):
@@ -533,11 +484,14 @@ def add_report_parser(sub: Any, parser_class: Any) -> None:
     report = sub.add_parser("report", help="summaries across finished runs")
     rsub = report.add_subparsers(dest="report", required=True, parser_class=parser_class)
     t = rsub.add_parser(
-        "tradeoff", help="privacy-utility plot: epsilon vs test accuracy / train loss",
-        description="Aggregate runs over seeds (runs whose configs differ only in the seed, "
-                    "device, ... form one point) and plot epsilon against final test accuracy "
-                    "and train loss, one curve per algorithm. Non-private runs are drawn as "
-                    "horizontal reference lines; unproven epsilons as hollow markers.")
+        "tradeoff", help="privacy-utility plot: epsilon vs held-out accuracy / loss",
+        description="Aggregate runs of any bundled trainer over seeds (runs whose configs "
+                    "differ only in the seed, device, ... form one point) and plot epsilon "
+                    "against the final held-out accuracy and loss (the clients' test accuracy "
+                    "and training loss for reports without held-out metrics), one curve per "
+                    "algorithm. Non-private algorithms are drawn as horizontal reference "
+                    "lines; unproven epsilons (seeded simulations included) as hollow "
+                    "markers.")
     t.add_argument("run_dirs", nargs="+", metavar="RUN_DIRS",
                    help="run directories (with report.json), report.json files, or "
                         "directories of run directories")

@@ -64,8 +64,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from fl_examples.core.epsilon_plot import plot_vs_epsilon
 from fl_examples.core.release import check_heldout
-from fl_examples.core.report import Column, text_table, write_report
+from fl_examples.core.report import Column, figure_text, legend_label, text_table, write_report
+from fl_examples.core.status import status
 from fl_examples.dprec.accounting import (
     calibrate_dpfedavg,
     calibrate_dprec,
@@ -123,7 +125,10 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     out_path = Path(out) if out is not None else None
     sigma, calibrated = cfg.stddev, {}
     if cfg.epsilon is not None and "dprec" in names:
-        sigma = calibrate_dprec(cfg.epsilon, cfg, n, groups)
+        with status(f"calibrating DP-REC's noise to central epsilon {cfg.epsilon:g} (delta "
+                    f"{cfg.delta:g}, {cfg.rounds} rounds)") as line:
+            sigma = calibrate_dprec(cfg.epsilon, cfg, n, groups)
+            line.done(f"stddev = {sigma:.4g}")
         calibrated["dprec"] = {
             "parameter": "stddev", "value": sigma, "target_epsilon": cfg.epsilon,
             "planned_epsilon": dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma)}
@@ -131,7 +136,10 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     if z is None and "dpfedavg" in names:
         target = (cfg.epsilon if cfg.epsilon is not None
                   else dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma))
-        z = calibrate_dpfedavg(target, cfg, n)
+        with status(f"calibrating DP-FedAvg's z to central epsilon {target:.4g} (delta "
+                    f"{cfg.delta:g}, {cfg.rounds} rounds)") as line:
+            z = calibrate_dpfedavg(target, cfg, n)
+            line.done(f"z = {z:.4g}")
         calibrated["dpfedavg"] = {
             "parameter": "noise_multiplier", "value": z, "target_epsilon": target,
             "target": "--epsilon" if cfg.epsilon is not None else "DP-REC's central epsilon",
@@ -152,38 +160,45 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     if "dpfedavg" in names:
         config["dpfedavg_noise"] = z
     if out_path is not None:
-        write_report(out_path, config, results)
-        _plot_vs_epsilon(out_path, results)
+        write_report(out_path, config, results, settings=_settings(config))
+        _plot_vs_epsilon(out_path, results, config)
     return {"config": config, "algorithms": results}
 
 
-def _plot_vs_epsilon(out: Path, results: dict[str, Any]) -> None:
-    import matplotlib
+def _settings(config: dict[str, Any]) -> str:
+    """The key settings every figure's title names (after the data set and seed)."""
+    c = config
+    names = [c["algorithm"], *c.get("compare", [])]
+    parts = [f"{c['num_clients']} clients, {c['clients_per_round']} per round",
+             f"{c['rounds']} rounds", f"clip {c['l2_clip']:g}"]
+    if c.get("epsilon") is not None:
+        parts.append(f"noise calibrated to central epsilon {c['epsilon']:g}")
+    if "dprec" in names and c.get("stddev") is not None:
+        parts.append(f"DP-REC sigma {c['stddev']:.3g}, {c['bits']} bits per group")
+    if "dpfedavg" in names and c.get("dpfedavg_noise") is not None:
+        parts.append(f"DP-FedAvg z {c['dpfedavg_noise']:.3g}")
+    return ", ".join(parts)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    curves = {name: [x for x in r["history"] if x.get("epsilon") is not None]
+def _plot_vs_epsilon(out: Path, results: dict[str, Any],
+                     config: dict[str, Any] | None = None) -> None:
+    """``curves_vs_epsilon.png``: each private algorithm's held-out accuracy against its
+    central epsilon after each evaluated round (the history's ``epsilon``), FedAvg's final
+    one as the non-private reference."""
+    curves = {name: [(x["epsilon"], x) for x in r["history"] if x.get("epsilon") is not None]
               for name, r in results.items()}
     curves = {name: h for name, h in curves.items() if h}  # FedAvg has no epsilon
     if not curves:
         return
-    key = "heldout_accuracy" if all("heldout_accuracy" in h[0] for h in curves.values()) \
-        else "test_accuracy"
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for name, h in curves.items():
-        ax.plot([x["epsilon"] for x in h], [x[key] for x in h], label=name)
     fedavg = results.get("fedavg")
-    if fedavg is not None and fedavg["history"] and key in fedavg["history"][-1]:
-        ax.axhline(fedavg["history"][-1][key], color="grey", ls="--",
-                   label="fedavg (non-private)")
-    ax.set_xlabel("central epsilon (cumulative)")
-    ax.set_ylabel(key.replace("_", " ").replace("heldout", "held-out"))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "curves_vs_epsilon.png", dpi=110)
-    plt.close(fig)
+    refs = {"fedavg": fedavg["history"][-1]} if fedavg and fedavg["history"] else {}
+    delta = next((r["privacy"].get("delta") for n, r in results.items() if n in curves), None)
+    plot_vs_epsilon(out, curves, references=refs,
+                    text=figure_text(config or {}, results, _settings(config)
+                                     if config else None),
+                    labels={n: legend_label(n, results[n]) for n in curves},
+                    x_label="central ε after each evaluation, cumulative"
+                            + (f" (δ = {delta:g})" if delta is not None else ""))
 
 
 _COLUMNS = (Column("algorithm", 9), Column("rounds", 6), Column("heldout acc", 11),

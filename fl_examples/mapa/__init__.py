@@ -104,7 +104,13 @@ from fl_examples.mapa.privacy import (
     PoissonSampledPureDpEvent,
     amplified_epsilon,
 )
-from fl_examples.mapa.report import _comparison, _plot_extras, final_table, updates_to_loss
+from fl_examples.mapa.report import (
+    _comparison,
+    _plot_extras,
+    figure_settings,
+    final_table,
+    updates_to_loss,
+)
 from fl_examples.mapa.run import run_algorithm
 from fl_examples.mapa.schedule import (
     MapaSchedule,
@@ -179,7 +185,9 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
                                       for n, r in public.items() if "privacy" in r}
     comparison = _comparison(cfg, public)
     if out_path is not None:
-        write_report(out_path, config, public, sections={"comparison": comparison})
+        write_report(out_path, config, public, sections={"comparison": comparison},
+                     settings=figure_settings(config))
         end = max(r["cloud_events"] for r in public.values())
-        _plot_extras(out_path, schedule, end, public.get("mapa", {}).get("stages"))
+        _plot_extras(out_path, schedule, end, public.get("mapa", {}).get("stages"),
+                     config=config, algorithms=public)
     return {"config": config, "algorithms": results, "comparison": comparison}

@@ -21,6 +21,7 @@ from fl_examples.core.asyncsim import Schedule
 from fl_examples.core.dp_modes import replace_one_epsilons
 from fl_examples.core.dpsgd import DpSgdSettings, round_event
 from fl_examples.core.run import open_ledger
+from fl_examples.core.status import status
 from fl_examples.mapa.config import MapaConfig
 from fl_examples.mapa.schedule import _mechanism
 from privkit.accountants import rules
@@ -150,9 +151,13 @@ def gaussian_noise_multiplier(cfg: MapaConfig, schedule: Schedule, sizes: np.nda
         z = DEFAULT_NOISE_MULTIPLIER if cfg.noise_multiplier is None else cfg.noise_multiplier
         return float(z), None
     counts = schedule.uploads_per_edge(schedule.num_events)
-    z, planned = _calibrate(tuple(int(c) for c in counts.tolist()),
-                            tuple(int(n) for n in sizes.tolist()), float(cfg.noise_for_epsilon),
-                            float(cfg.delta), int(cfg.batch))
+    with status(f"calibrating z to epsilon {cfg.noise_for_epsilon:g} (delta {cfg.delta:g}, "
+                f"max over {len(counts)} edges, up to {int(counts.max(initial=0))} uploads "
+                "each)") as line:
+        z, planned = _calibrate(tuple(int(c) for c in counts.tolist()),
+                                tuple(int(n) for n in sizes.tolist()),
+                                float(cfg.noise_for_epsilon), float(cfg.delta), int(cfg.batch))
+        line.done(f"z = {z:.4g} (planned epsilon {planned:.4g})")
     return z, {"parameter": "noise_multiplier", "value": z,
                "target_epsilon": cfg.noise_for_epsilon, "statistic": "max",
                "planned_epsilon_max": planned,

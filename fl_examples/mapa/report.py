@@ -6,11 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from fl_examples.core.asyncsim import Schedule
-from fl_examples.core.report import Column, text_table
+from fl_examples.core.epsilon_plot import plot_vs_epsilon
+from fl_examples.core.report import (
+    Column,
+    epsilon_section,
+    figure_text,
+    legend_label,
+    save_figure,
+    text_table,
+    tidy_axis,
+)
 from fl_examples.mapa.config import MapaConfig
 from fl_examples.mapa.privacy import privacy_section
 
-__all__ = ["TARGET_FRACTIONS", "report_entry", "updates_to_loss", "final_table"]
+__all__ = ["TARGET_FRACTIONS", "report_entry", "updates_to_loss", "final_table",
+           "figure_settings"]
 
 TARGET_FRACTIONS = (0.95, 0.9, 0.75, 0.5)
 """Loss targets of the comparison, as fractions of the initial model's training loss."""
@@ -112,36 +122,96 @@ def _comparison(cfg: MapaConfig, algs: dict[str, dict[str, Any]]) -> dict[str, A
                     "means MAPA needed fewer updates; None: a side never reached the target"}
 
 
+def figure_settings(config: dict[str, Any]) -> str:
+    """The key settings every MAPA figure's title names (after the data set and seed)."""
+    c = config
+    parts = [f"{c['edges']} edges", f"{c['updates']} updates", f"batch {c['batch']}"]
+    if c["noise"] == "gaussian":
+        z = c.get("noise_multiplier")
+        zs = sorted({float(v) for v in z.values()}) if isinstance(z, dict) else []
+        parts.append("Gaussian noise" + (f", z {', '.join(f'{v:.3g}' for v in zs)}" if zs
+                                         else ""))
+    else:
+        eps = c["epsilon"]
+        eps = (f"{min(eps):g}..{max(eps):g}" if isinstance(eps, (list, tuple))
+               else f"{eps:g}")  # one per edge
+        parts.append(f"{c['noise']} Laplace noise, upload epsilon {eps}"
+                     + (" (amplified)" if c.get("amplification") else ""))
+    if c.get("noise_for_epsilon") is not None:
+        parts.append(f"calibrated to epsilon {c['noise_for_epsilon']:g}")
+    parts.append(f"{c.get('step_schedule', 'auto')} steps")
+    return ", ".join(parts)
+
+
+#: The schedule figure's panels: (stage key, axis label in mathtext).
+_SCHEDULE_PANELS = (
+    ("delta_s", r"$\Delta S_s$ (sensitivity; clip $C_s = b\,\Delta S_s / 2$)"),
+    ("gamma", r"$\gamma_s$ (step size)"),
+    ("length", r"$T_s$ (updates in stage $s$)"),
+)
+
+
 def _plot_extras(out: Path, schedule: Schedule, end: int,
-                 stages: list[dict[str, Any]] | None) -> None:
+                 stages: list[dict[str, Any]] | None, *, config: dict[str, Any] | None = None,
+                 algorithms: dict[str, dict[str, Any]] | None = None) -> None:
+    """``staleness.png``, MAPA's ``schedule.png`` and, for a private run,
+    ``curves_vs_epsilon.png`` (held-out accuracy against each private algorithm's epsilon
+    after each evaluation, max over edges, from its history's ``epsilon_max``); every figure
+    titled with the data set, seed, key settings and the run's epsilon."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
+    algs = algorithms or {}
+    text = figure_text(config or {}, algs, figure_settings(config) if config else None)
     hist = schedule.staleness_histogram(end)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     if hist:
         ax.bar(list(hist), list(hist.values()), width=1.0)
-    ax.set_xlabel("staleness tau (updates applied between pull and apply)")
+    ax.set_xlabel(r"staleness $\tau$ (updates applied between an edge's pull and its "
+                  "update's apply)")
     ax.set_ylabel("applied updates")
-    ax.set_title(f"staleness, {schedule.num_edges} edges")
-    fig.tight_layout()
-    fig.savefig(out / "staleness.png", dpi=110)
-    plt.close(fig)
+    ax.set_title(f"{schedule.num_edges} edges, {sum(hist.values())} applied updates",
+                 fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    save_figure(fig, out / "staleness.png", text)
     if stages:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
         idx = [s["index"] for s in stages]
-        for ax, key, title in zip(axes, ("delta_s", "gamma", "length"),
-                                  ("DeltaS_s (clip C_s = b DeltaS_s / 2)", "gamma_s", "T_s")):
-            ax.plot(idx, [s[key] for s in stages], "o-")
-            ax.set_yscale("log")
-            ax.set_xlabel("stage")
-            ax.set_title(title)
+        step = (algs.get("mapa") or {}).get("step_size", {})
+        for ax, (key, label) in zip(axes, _SCHEDULE_PANELS):
+            values = [float(s[key]) for s in stages]
+            ax.plot(idx, values, "o-")
+            spread = max(values) / min(values) if min(values) > 0 else 1.0
+            if spread > 20:  # a log axis only where the values span decades
+                ax.set_yscale("log")
+            if len(values) <= 6:
+                for i, v in zip(idx, values):
+                    ax.annotate(f"{v:.4g}", (i, v), textcoords="offset points",
+                                xytext=(4, 6), fontsize=8)
+            if key == "gamma" and step.get("schedule") == "constant":
+                label += f"\n(the paper's; this run steps with lr = {step.get('lr', '?')})"
+            ax.set_ylabel(label)
+            ax.set_xlabel("stage $s$")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if len(idx) == 1:
+                ax.set_xlim(idx[0] - 1, idx[0] + 1)
             ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "schedule.png", dpi=110)
-        plt.close(fig)
+            tidy_axis(ax, values)
+        save_figure(fig, out / "schedule.png", text)
+    curves = {n: [(h["epsilon_max"], h) for h in r["history"] if "epsilon_max" in h]
+              for n, r in algs.items()}
+    curves = {n: c for n, c in curves.items() if c}
+    if curves:
+        p = epsilon_section(algs[next(iter(curves))])
+        delta = f", δ = {p['delta']:g}" if p is not None else ""
+        refs = {n: r["history"][-1] for n, r in algs.items()
+                if n not in curves and r.get("history") and epsilon_section(r) is None}
+        plot_vs_epsilon(out, curves, references=refs, text=text,
+                        labels={n: legend_label(n, algs[n]) for n in curves},
+                        x_label=f"ε after each evaluation, cumulative (max over edges{delta})")
 
 
 _COLUMNS = (Column("algorithm", 9), Column("updates", 7), Column("train loss", 10, ".4f"),

@@ -35,12 +35,22 @@ Run ``privkit train scfl --dataset digits --clients 20 --coded-rows 500 --noise-
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fl_examples.core.report import Column, text_table, write_report
+from fl_examples.core.epsilon_plot import ledger_epsilon_curves, plot_vs_epsilon
+from fl_examples.core.report import (
+    Column,
+    epsilon_section,
+    figure_text,
+    legend_label,
+    midp_section,
+    text_table,
+    write_report,
+)
 from fl_examples.scfl.config import BatchSampling, ScflConfig, ScflMethod, _enum
 from fl_examples.scfl.data import RegressionData, load_data, synthetic_linreg
 from fl_examples.scfl.gradients import (
@@ -52,19 +62,72 @@ from fl_examples.scfl.gradients import (
 )
 from fl_examples.scfl.run import _setup, run_method
 from fl_examples.scfl.timing import TimingModel, arrival_probability
-from privkit.accountants.midp import COVERS
+from privkit.accountants.midp import COVERS, implied_tv_delta
 from privkit.errors import InvalidParameterError
 
 #: What the run's privacy numbers cover, in the report and under every plot.
 PRIVACY_SCOPE = ("Privacy: MI-DP in nats (average-case) of the one-time coded upload only; the "
-                 "per-epoch client gradients carry no noise (unprotected). MI-DP implies only "
-                 "(0, sqrt(2 nats))-DP: it is not an epsilon.")
+                 "per-epoch client gradients carry no noise (unprotected). MI-DP is not an "
+                 "epsilon: I nats implies at best (0, delta)-DP with delta = sqrt(2 I), and "
+                 "from I = 0.5 nats on that delta is 1 or more, which implies nothing.")
 #: The same with record-level DP-SGD noise on the client gradients.
 PRIVACY_SCOPE_GRADIENT_DP = (
     "Privacy: the per-epoch client gradients are record-level (epsilon, delta)-DP per client "
     "(DP-SGD: per-example clipping, Gaussian noise, Poisson minibatches; gradient_privacy); "
-    "the one-time coded upload is priced separately in MI-DP nats, which implies only "
-    "(0, sqrt(2 nats))-DP. The two are not combined into one number.")
+    "the one-time coded upload is priced separately in MI-DP nats, not an epsilon: I nats "
+    "implies at best (0, delta)-DP with delta = sqrt(2 I), which implies nothing from "
+    "I = 0.5 nats on. The two are not combined into one number.")
+
+
+def _implied(results: dict[str, Any]) -> str:
+    """What the run's largest MI-DP implies, said plainly (nothing, when delta >= 1)."""
+    nats = [r["privacy"]["mi_dp_nats_max"] for r in results.values()
+            if isinstance(r.get("privacy"), dict) and "mi_dp_nats_max" in r["privacy"]]
+    if not nats:
+        return ""
+    top = max(nats)
+    delta = implied_tv_delta(top)
+    if delta >= 1:
+        return (f" Here the largest is {top:.3g} nats: sqrt(2 x {top:.3g}) = "
+                f"{math.sqrt(2 * top):.3g} > 1, so the coded upload has no (epsilon, "
+                "delta)-DP guarantee at all.")
+    return (f" Here the largest is {top:.3g} nats: at best (0, {delta:.3g})-DP for the coded "
+            "upload.")
+
+
+def _settings(config: dict[str, Any], results: dict[str, Any]) -> str:
+    """The key settings every SCFL figure's title names (after the data set and seed)."""
+    c = config
+    parts = [f"{c['num_clients']} clients", f"{c['rounds']} rounds",
+             f"{c['num_coded_rows']} coded rows", f"coding noise stddev {c['stddev']:g}"]
+    zs = sorted({r["gradient_privacy"]["noise_multiplier"] for r in results.values()
+                 if "gradient_privacy" in r})
+    if zs:
+        parts.append(f"gradient noise z {', '.join(f'{z:.3g}' for z in zs)}, clip "
+                     f"{c['gradient_clip']:g}")
+    if c.get("gradient_noise_for_epsilon") is not None:
+        parts.append(f"calibrated to epsilon {c['gradient_noise_for_epsilon']:g}")
+    return ", ".join(parts)
+
+
+def _plot_vs_epsilon(out: Path, config: dict[str, Any], results: dict[str, Any],
+                     note: str) -> None:
+    """``curves_vs_epsilon.png`` with gradient noise: held-out accuracy (held-out loss on a
+    regression) against the client gradients' epsilon after each evaluated epoch, replayed
+    from each method's ledger (max over clients)."""
+    curves = ledger_epsilon_curves(out, results, "iteration")
+    if not curves:
+        return
+    p = epsilon_section(results[next(iter(curves))])
+    assert p is not None
+    refs = {n: r["history"][-1] for n, r in results.items() if r.get("history")
+            and epsilon_section(r) is None and midp_section(r) is None}
+    plot_vs_epsilon(out, curves, references=refs,
+                    text=figure_text(config, results, _settings(config, results), note=note),
+                    labels={n: legend_label(n, results[n]) for n in curves},
+                    x_label="client gradients' ε after each evaluation, cumulative (max over "
+                            f"clients, δ = {p['delta']:g}; the coded upload is not in it)")
+
 
 __all__ = ["ScflMethod", "BatchSampling", "ScflConfig", "TimingModel", "RegressionData",
            "load_data", "synthetic_linreg", "client_gradient", "dp_client_gradient",
@@ -109,8 +172,11 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
         entry["time_to_fl_pma_final_loss_s"] = (time_to_loss(entry["history"], target, key)
                                                 if target is not None else None)
     if out_path is not None:
-        scope = PRIVACY_SCOPE_GRADIENT_DP if cfg.gradient_dp else PRIVACY_SCOPE
-        write_report(out_path, config, results, sections={"privacy_scope": scope}, note=scope)
+        scope = (PRIVACY_SCOPE_GRADIENT_DP if cfg.gradient_dp else PRIVACY_SCOPE) \
+            + _implied(results)
+        write_report(out_path, config, results, sections={"privacy_scope": scope}, note=scope,
+                     settings=_settings(config, results))
+        _plot_vs_epsilon(out_path, config, results, scope)
     return {"config": config, "algorithms": results}
 
 

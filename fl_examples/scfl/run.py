@@ -34,6 +34,7 @@ from fl_examples.core.run import (
     open_ledger,
 )
 from fl_examples.core.seeds import SeedTree
+from fl_examples.core.status import status
 from fl_examples.scfl.config import BatchSampling, ScflConfig, ScflMethod, _enum
 from fl_examples.scfl.data import RegressionData, load_data
 from fl_examples.scfl.gradients import (
@@ -144,9 +145,12 @@ class _GradientDp:
             # every charged client runs `rounds` epochs; the largest rate pays the most
             q_max = max((rates[i] for i in np.flatnonzero(charged)), default=1.0)
             target = float(cfg.gradient_noise_for_epsilon)  # type: ignore[arg-type]
-            z, eps, _ = privkit.calibrate_noise(
-                lambda x: privkit.SelfComposedDpEvent(cls.event(q_max, x), cfg.rounds),
-                target_epsilon=target, delta=cfg.delta)
+            with status(f"calibrating the gradients' z to epsilon {target:g} (delta "
+                        f"{cfg.delta:g}, {cfg.rounds} rounds, max over clients)") as line:
+                z, eps, _ = privkit.calibrate_noise(
+                    lambda x: privkit.SelfComposedDpEvent(cls.event(q_max, x), cfg.rounds),
+                    target_epsilon=target, delta=cfg.delta)
+                line.done(f"z = {z:.4g} (planned epsilon {eps:.4g})")
             calibrated = {"parameter": "gradient_noise_multiplier", "value": z,
                           "target_epsilon": target, "statistic": "max",
                           "planned_epsilon": eps}

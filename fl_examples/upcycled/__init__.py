@@ -23,9 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from fl_examples.core.data import parse_dataset_spec
+from fl_examples.core.epsilon_plot import ledger_epsilon_curves, plot_vs_epsilon
 from fl_examples.core.privacy import clip_features
 from fl_examples.core.release import check_heldout
-from fl_examples.core.report import Column, text_table, write_report
+from fl_examples.core.report import (
+    Column,
+    epsilon_scope,
+    epsilon_section,
+    figure_text,
+    legend_label,
+    text_table,
+    write_report,
+)
 from fl_examples.upcycled.config import ALGORITHMS, UpcycledConfig, extrapolation
 from fl_examples.upcycled.privacy import planned_releases
 from fl_examples.upcycled.run import _Run as _Run
@@ -69,8 +78,47 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
                                         "dataset_description": ds.description,
                                         "num_clients": ds.num_clients} | _calibrated(results)
     if out_path is not None:
-        write_report(out_path, config, results)
+        write_report(out_path, config, results, settings=_settings(config))
+        _plot_vs_epsilon(out_path, config, results)
     return {"config": config, "algorithms": results}
+
+
+def _settings(config: dict[str, Any]) -> str:
+    """The key settings every figure's title names (after the data set and seed)."""
+    c = config
+    parts = [f"{c['iterations']} iterations", f"fraction {c['fraction']:g}",
+             f"stragglers {c['stragglers']:g}", f"mu {c['mu']:g}", f"lambda {c['lam']:g}"]
+    kind = c.get("privacy", "none")
+    if kind == "none":
+        return ", ".join(parts)
+    noise = {"output": ("sigma", c.get("stddev")), "objective": ("alpha", c.get("alpha"))}.get(
+        kind, ("z", c.get("noise_multiplier")))
+    value = noise[1]
+    if isinstance(value, dict):  # calibrated per algorithm
+        value = ", ".join(f"{v:.3g}" for v in value.values())
+    elif isinstance(value, (int, float)):
+        value = f"{value:.3g}"
+    text = f"{kind} privacy, {noise[0]} {value}"
+    if kind in ("client", "record") and c.get("l2_clip_norm") is not None:
+        text += f", clip {c['l2_clip_norm']:g}"
+    if c.get("noise_for_epsilon") is not None:
+        text += f" (calibrated to epsilon {c['noise_for_epsilon']:g})"
+    return ", ".join([text, *parts])
+
+
+def _plot_vs_epsilon(out: Path, config: dict[str, Any], results: dict[str, Any]) -> None:
+    """``curves_vs_epsilon.png`` of a private run: held-out accuracy against the epsilon
+    after each evaluated data round, replayed from each algorithm's ledger (max over
+    clients; the population's at client level)."""
+    curves = ledger_epsilon_curves(out, results, "data_rounds")
+    if not curves:
+        return
+    p = epsilon_section(results[next(iter(curves))])
+    assert p is not None
+    plot_vs_epsilon(out, curves, text=figure_text(config, results, _settings(config)),
+                    labels={n: legend_label(n, results[n]) for n in curves},
+                    x_label=f"ε after each evaluation, cumulative ({epsilon_scope(p)}, "
+                            f"δ = {p['delta']:g})")
 
 
 def _calibrated(results: dict[str, Any]) -> dict[str, Any]:

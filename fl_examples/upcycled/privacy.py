@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import privkit
+from fl_examples.core.banded import banded_plan
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.dp_modes import ClientDpPlan, RecordDpPlan, calibrate_record
 from fl_examples.core.dpsgd import DpSgdSettings, steps_per_client
@@ -19,6 +20,7 @@ from fl_examples.core.rounds import (
     straggler_epochs,
 )
 from fl_examples.core.seeds import SeedTree
+from fl_examples.core.status import status
 from fl_examples.upcycled.config import UpcycledConfig
 from privkit.errors import InvalidParameterError
 from privkit.mechanisms.aggregate import AdaptiveClipping, ClientLevelGaussian
@@ -111,24 +113,27 @@ def _dp_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteratio
         plan = client_plan(cfg, ds) if cfg.privacy == "client" else record_plan(cfg, ds)
         return plan, {}
     target, d = cfg.noise_for_epsilon, cfg.delta
-    if cfg.privacy == "client":
-        rounds = data_rounds(algorithm, iterations)
-        base = client_plan(cfg, ds)
-        # calibrate the round's Gaussian (z_eff with adaptive clipping: the sum and the
-        # count are one release), then the sum's own z from it
-        z_round, eps, _ = privkit.calibrate_noise(
-            lambda x: privkit.SelfComposedDpEvent(ClientLevelGaussian(
-                base.l2_clip_norm, x, base.client_rate).event(), rounds),
-            target_epsilon=target, delta=d, tol=1e-4)
-        z = z_round if base.adaptive is None else _sum_noise(base, z_round, target)
-        plan: Any = client_plan(cfg, ds, z)
-        eps = privkit.epsilon(privkit.SelfComposedDpEvent(plan.round_event(), rounds),
-                              d).epsilon
-    else:
-        steps = planned_steps(algorithm, cfg, ds, iterations)
-        z, eps = calibrate_record(steps, list(ds.train_sizes), target=target, delta=d,
-                                  statistic=cfg.noise_target, batch_size=cfg.batch_size)
-        plan = record_plan(cfg, ds, z)
+    rounds = data_rounds(algorithm, iterations)
+    with status(f"calibrating {algorithm}'s z to epsilon {target:g} (delta {d:g}, {rounds} "
+                f"data rounds, {cfg.privacy} level)") as line:
+        if cfg.privacy == "client":
+            base = client_plan(cfg, ds)
+            # calibrate the round's Gaussian (z_eff with adaptive clipping: the sum and the
+            # count are one release), then the sum's own z from it
+            z_round, eps, _ = privkit.calibrate_noise(
+                lambda x: privkit.SelfComposedDpEvent(ClientLevelGaussian(
+                    base.l2_clip_norm, x, base.client_rate).event(), rounds),
+                target_epsilon=target, delta=d, tol=1e-4)
+            z = z_round if base.adaptive is None else _sum_noise(base, z_round, target)
+            plan: Any = client_plan(cfg, ds, z)
+            eps = privkit.epsilon(privkit.SelfComposedDpEvent(plan.round_event(), rounds),
+                                  d).epsilon
+        else:
+            steps = planned_steps(algorithm, cfg, ds, iterations)
+            z, eps = calibrate_record(steps, list(ds.train_sizes), target=target, delta=d,
+                                      statistic=cfg.noise_target, batch_size=cfg.batch_size)
+            plan = record_plan(cfg, ds, z)
+        line.done(f"z = {z:.4g} (planned epsilon {eps:.4g})")
     return plan, {"calibrated": {"parameter": "noise_multiplier", "value": z,
                                  "target_epsilon": target, "statistic": cfg.noise_target
                                  if cfg.privacy == "record" else "population",

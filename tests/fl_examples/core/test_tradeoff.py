@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from _quick_runs import RUNS, quick_runs
 
 from fl_examples.core.tradeoff import (
     IGNORED_CONFIG_KEYS,
@@ -93,8 +94,9 @@ def test_load_runs(sweep: list[Path]) -> None:
     assert (p.seed, p.privacy, p.dataset, p.proven) == (1, "output", "synthetic:0.5,0.5", True)
     assert p.epsilon_mean == pytest.approx(_eps(0.5, 1))
     assert p.epsilon_max == pytest.approx(2 * _eps(0.5, 1))
-    assert p.test_accuracy == pytest.approx(_acc("fedprox", 0.5, 1))
-    assert p.train_loss == pytest.approx(_loss("fedprox", 0.5, 1))
+    assert p.accuracy == pytest.approx(_acc("fedprox", 0.5, 1))
+    assert p.loss == pytest.approx(_loss("fedprox", 0.5, 1))
+    assert (p.accuracy_metric, p.loss_metric) == ("test_accuracy", "train_loss")
     assert p.delta == 1e-5
     nonpriv = next(p for p in points if p.privacy == "none")
     assert math.isinf(nonpriv.epsilon_mean) and math.isinf(nonpriv.epsilon_max)
@@ -121,17 +123,20 @@ def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
             loss = [_loss(alg, n, s) for s in SEEDS]
             assert r["epsilon"] == pytest.approx(sum(eps) / 3)
             assert (r["epsilon_lo"], r["epsilon_hi"]) == pytest.approx((min(eps), max(eps)))
-            assert r["test_accuracy"] == pytest.approx(sum(acc) / 3)
-            assert (r["test_accuracy_lo"], r["test_accuracy_hi"]) == pytest.approx(
+            assert r["accuracy"] == pytest.approx(sum(acc) / 3)
+            assert (r["accuracy_lo"], r["accuracy_hi"]) == pytest.approx(
                 (min(acc), max(acc)))
-            assert r["train_loss"] == pytest.approx(sum(loss) / 3)
-            assert (r["train_loss_lo"], r["train_loss_hi"]) == pytest.approx(
+            assert r["loss"] == pytest.approx(sum(loss) / 3)
+            assert (r["loss_lo"], r["loss_hi"]) == pytest.approx(
                 (min(loss), max(loss)))
             assert r["proven"] is True and r["delta"] == 1e-5 and r["epsilon_stat"] == "mean"
+            assert r["guarantee"] == "proven" and r["accuracy_metric"] == "test_accuracy"
     nonpriv = next(r for r in rows if r["privacy"] == "none")
-    assert math.isinf(nonpriv["epsilon"]) and nonpriv["test_accuracy"] == 0.95
+    assert math.isinf(nonpriv["epsilon"]) and nonpriv["accuracy"] == 0.95
+    assert nonpriv["guarantee"] == "-"
     obj = next(r for r in rows if r["privacy"] == "objective")
     assert obj["proven"] is False and obj["epsilon"] == 3.0
+    assert obj["guarantee"] == "not proven"
 
     # epsilon="max" uses each run's epsilon_max
     rows_max = tradeoff_table(load_runs(sweep), epsilon="max")
@@ -148,7 +153,10 @@ def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
         tradeoff_table(load_runs(sweep), epsilon="median")
 
     text = format_table(rows)
-    assert "noise=0.5" in text and "fedprox" in text and "NO" in text and "inf" in text
+    assert "noise=0.5" in text and "fedprox" in text and "NOT PROVEN" in text
+    assert "inf" in text
+    header = text.splitlines()[0]  # the columns say which metric they hold
+    assert "test acc" in header and "train loss" in header and "guarantee" in header
 
 
 def test_nan_accuracy_is_not_repaired(tmp_path: Path) -> None:
@@ -159,7 +167,7 @@ def test_nan_accuracy_is_not_repaired(tmp_path: Path) -> None:
     body["algorithms"]["x"]["final"]["test_accuracy"] = None  # NaN as the writer stores it
     (b / "report.json").write_text(json.dumps(body))
     (row,) = tradeoff_table(load_runs([a, b]))
-    assert math.isnan(row["test_accuracy"]) and row["train_loss"] == 1.0
+    assert math.isnan(row["accuracy"]) and row["loss"] == 1.0
 
 
 def test_plot_written(sweep: list[Path], tmp_path: Path) -> None:
@@ -260,3 +268,126 @@ def test_cli_bad_input_names_argument(sweep: list[Path], tmp_path: Path) -> None
                          ({"run_dirs": [str(tmp_path / "missing")]}, "missing")]:
         with pytest.raises(InvalidParameterError, match=name):
             run_report(argparse.Namespace(**(good | change)))
+
+
+# ------------------------------------------------------- every trainer's report, read as is
+def _entry(final: dict, privacy: dict | None = None, **more: dict) -> dict:
+    entry = {"history": [final], "final": final} | more
+    if privacy is not None:
+        entry["privacy"] = privacy
+    return entry
+
+
+def test_a_non_private_section_is_not_private(tmp_path: Path) -> None:
+    """DP-REC's FedAvg reference has a privacy section that says non_private: true."""
+    final = {"iteration": 3, "heldout_accuracy": 0.8, "heldout_loss": 0.5,
+             "train_loss": 0.4, "test_accuracy": 0.7}
+    body = {"config": {"dataset": "digits", "seed": 0}, "algorithms": {
+        "dprec": _entry(final, _privacy(6.0) | {"epsilon_central": 6.0, "mechanism": "rec",
+                                                "guarantee": "simulation", "proven": False}),
+        "fedavg": _entry(final, {"non_private": True, "epsilon_central": None})}}
+    (tmp_path / "report.json").write_text(json.dumps(body))
+    points = {p.algorithm: p for p in load_runs([tmp_path])}
+    assert points["fedavg"].privacy == "none" and math.isinf(points["fedavg"].epsilon_mean)
+    assert points["dprec"].privacy == "rec" and points["dprec"].guarantee == "simulation"
+    # the held-out metrics, the non-private reference's too (it also has the clients')
+    assert {p.accuracy_metric for p in points.values()} == {"heldout_accuracy"}
+    assert points["fedavg"].accuracy == 0.8 and points["fedavg"].loss == 0.5
+
+
+def test_scfl_gradient_epsilon_is_read_not_its_midp(tmp_path: Path) -> None:
+    final = {"iteration": 6, "heldout_accuracy": 0.3, "heldout_loss": 0.45}
+    grad = _privacy(2.0) | {"guarantee": "simulation", "proven": False}
+    midp = {"measure": "mi_dp_nats", "mi_dp_nats_mean": 23.5, "mi_dp_nats_max": 24.0,
+            "proven": False, "guarantee": "simulation"}
+    body = {"config": {"dataset": "digits:3", "seed": 0, "privacy": "coded-mi-dp+gradient-dp"},
+            "algorithms": {"scfl": _entry(final, midp, gradient_privacy=grad),
+                           "fl-pma": _entry(final, None, gradient_privacy=grad),
+                           "dp-cfl": _entry(final, midp)}}
+    (tmp_path / "report.json").write_text(json.dumps(body))
+    points = {p.algorithm: p for p in load_runs([tmp_path])}
+    for name in ("scfl", "fl-pma"):  # FL-PMA is private too (it was 'none ... inf')
+        p = points[name]
+        assert (p.privacy, p.measure, p.epsilon_mean) == ("gradient-dp", "epsilon", 2.0)
+    assert points["scfl"].mi_dp_nats_max == 24.0 and "coded upload" in points["scfl"].note
+    assert points["dp-cfl"].measure == "mi_dp_nats" and points["dp-cfl"].privacy == "coded-mi-dp"
+    rows = tradeoff_table(list(points.values()))
+    text = format_table(rows)
+    assert "24 nats" in text and "note: scfl" in text and "held-out acc" in text
+    # DP-CFL's MI-DP cannot share the epsilon axis: named under the plot, not refused
+    assert plot_tradeoff(list(points.values()), tmp_path / "t.png").is_file()
+
+
+def test_mixed_metrics_are_tagged_and_a_regression_has_no_accuracy_panel(
+        tmp_path: Path, monkeypatch) -> None:
+    old = _write(tmp_path / "old", {"dataset": "d", "privacy": "output", "seed": 0,
+                                    "noise": 1.0}, {"x": (0.5, 1.0, _privacy(1.0))})
+    new = tmp_path / "new"
+    new.mkdir()
+    final = {"iteration": 3, "heldout_accuracy": 0.6, "heldout_loss": 0.9}
+    (new / "report.json").write_text(json.dumps({
+        "config": {"dataset": "d", "privacy": "output", "seed": 0, "noise": 2.0},
+        "algorithms": {"x": _entry(final, _privacy(0.5))}}))
+    rows = tradeoff_table(load_runs([old, new]))
+    assert {r["accuracy_metric"] for r in rows} == {"test_accuracy", "heldout_accuracy"}
+    text = format_table(rows)
+    assert "accuracy" in text.splitlines()[0] and "(held-out)" in text and "(test)" in text
+
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    final = {"iteration": 3, "heldout_loss": 0.15}
+    (reg / "report.json").write_text(json.dumps({
+        "config": {"dataset": "linreg:4,2", "privacy": "output", "seed": 0},
+        "algorithms": {"x": _entry(final, _privacy(1.0)), "y": _entry(final)}}))
+    points = load_runs([reg])
+    assert {p.accuracy_metric for p in points} == {"none"}
+    assert "-" in format_table(tradeoff_table(points)).splitlines()[2].split()
+    seen = []
+    from matplotlib.figure import Figure
+
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: seen.append(
+        [ax.get_ylabel() for ax in fig.get_axes()]) or original(fig, *a, **k))
+    path = plot_tradeoff(points, tmp_path / "reg.png")
+    assert seen == [["held-out loss (final)"]]  # one panel: no empty accuracy axes
+    from PIL import Image
+
+    meta = Image.open(path).text
+    assert "held-out loss" in meta["Title"] and "x (output): epsilon 1" in meta["Description"]
+
+
+# --------------------------------------------------- each trainer's quick run, end to end
+@pytest.mark.parametrize("name", list(RUNS))
+def test_report_tradeoff_reads_every_trainers_run(name: str, tmp_path: Path, capsys) -> None:
+    from privkit.cli import main
+
+    run = quick_runs()[name]
+    body = json.loads((run / "report.json").read_text())
+    out = tmp_path / "t.png"
+    assert main(["report", "tradeoff", str(run), "--out", str(out), "--json"]) == 0
+    rows = {r["algorithm"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(body["algorithms"]) and out.stat().st_size > 10_000
+    for alg, entry in body["algorithms"].items():
+        row, final = rows[alg], entry["final"]
+        section = entry.get("gradient_privacy") or entry.get("privacy")
+        private = section is not None and not section.get("non_private")
+        if not private:
+            assert row["privacy"] == "none" and row["epsilon"] == "inf", alg
+        elif section.get("measure") == "mi_dp_nats":
+            assert row["mi_dp_nats"] == pytest.approx(section["mi_dp_nats_mean"])
+        else:
+            assert row["epsilon"] == pytest.approx(section["epsilon_mean"]), alg
+            assert row["guarantee"] == section["guarantee"]
+        # held-out metrics wherever the report has them
+        acc = "heldout_accuracy" if "heldout_accuracy" in final else (
+            "test_accuracy" if "test_accuracy" in final else "none")
+        assert row["accuracy_metric"] == acc
+        if acc != "none":
+            assert row["accuracy"] == pytest.approx(final[acc])
+        loss = "heldout_loss" if "heldout_loss" in final else "train_loss"
+        assert row["loss_metric"] == loss and row["loss"] == pytest.approx(final[loss])
+    if RUNS[name]:  # a private run: its held-out metrics, and the text table says so
+        assert {r["loss_metric"] for r in rows.values()} == {"heldout_loss"}
+        assert main(["report", "tradeoff", str(run), "--out", str(out)]) == 0
+        header = capsys.readouterr().out.splitlines()[0]
+        assert "held-out loss" in header and "train loss" not in header

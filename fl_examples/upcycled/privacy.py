@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import privkit
-from fl_examples.core.banded import banded_plan
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.dp_modes import ClientDpPlan, RecordDpPlan, calibrate_record
 from fl_examples.core.dpsgd import DpSgdSettings, steps_per_client
@@ -165,11 +164,16 @@ def _privacy_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, ite
                                     "not combined with objective perturbation (it needs mu > 0)")
     if cfg.noise_for_epsilon is None:
         return _plan_for(cfg, ds, algorithm), {}
-    counts = planned_releases(algorithm, cfg, ds, iterations)
-    x, eps = calibrate(lambda v: _plan_for(cfg, ds, algorithm, v), counts,
-                       target=cfg.noise_for_epsilon, delta=cfg.delta,
-                       statistic=cfg.noise_target,
-                       larger_is_more_private=cfg.privacy == "output")
+    name = "sigma" if cfg.privacy == "output" else "alpha"
+    with status(f"calibrating {algorithm}'s {name} to epsilon {cfg.noise_for_epsilon:g} "
+                f"(delta {cfg.delta:g}, {data_rounds(algorithm, iterations)} data rounds, "
+                f"{cfg.noise_target} over clients)") as line:
+        counts = planned_releases(algorithm, cfg, ds, iterations)
+        x, eps = calibrate(lambda v: _plan_for(cfg, ds, algorithm, v), counts,
+                           target=cfg.noise_for_epsilon, delta=cfg.delta,
+                           statistic=cfg.noise_target,
+                           larger_is_more_private=cfg.privacy == "output")
+        line.done(f"{name} = {x:.4g} (planned epsilon {eps:.4g})")
     info = {"calibrated": {"parameter": "stddev" if cfg.privacy == "output" else "alpha",
                            "value": x, "target_epsilon": cfg.noise_for_epsilon,
                            "statistic": cfg.noise_target, "planned_epsilon": eps}}

@@ -105,7 +105,7 @@ def positive_int(name: str, value: Any) -> int:
     """An integer >= 1 (integral floats such as 1e3 are accepted)."""
     n = _integer(name, value, "an integer >= 1")
     if n < 1:
-        raise InvalidParameterError(name, value, "an integer >= 1")
+        raise InvalidParameterError(name, n, "an integer >= 1")  # 0, not 0.0 from a CLI float
     return n
 
 
@@ -113,7 +113,7 @@ def nonnegative_int(name: str, value: Any) -> int:
     """An integer >= 0."""
     n = _integer(name, value, "an integer >= 0")
     if n < 0:
-        raise InvalidParameterError(name, value, "an integer >= 0")
+        raise InvalidParameterError(name, n, "an integer >= 0")
     return n
 
 

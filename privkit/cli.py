@@ -92,9 +92,16 @@ class _Parser(argparse.ArgumentParser):
         -> the flag (errors name the flag the user typed)."""
         ns, rest = super().parse_known_args(args, namespace)
         if "_flags" not in vars(ns):
-            ns._flags = {a.dest: max(a.option_strings, key=len) for a in self._actions
+            ns._flags = {a.dest: _flag_of(a) for a in self._actions
                          if a.option_strings and a.dest != "help"}
         return ns, rest
+
+
+def _flag_of(action: argparse.Action) -> str:
+    """The flag an error names: an action's canonical spelling (``privkit_canonical``, when
+    it also answers to older ones), else its longest (``--quiet`` rather than ``-q``)."""
+    return str(getattr(action, "privkit_canonical", None)
+               or max(action.option_strings, key=len))
 
 
 def error_line(exc: BaseException, args: argparse.Namespace | None = None) -> str:
@@ -140,7 +147,18 @@ def _integer_or_number(text: str) -> int | float:
 
 
 def _methods() -> list[str]:
-    return [m.value for m in Method]
+    """The methods that price Gaussian steps (the pure-DP ones are ``epsilon pure``'s)."""
+    return [m.value for m in Method if m.value not in ("optimal", "advanced", "basic")]
+
+
+def _check_gaussian_method(method: str, sampling_probability: float | None) -> None:
+    """exact and moments price Gaussian steps without sampling: say so naming --method."""
+    if method in ("exact", "moments") and (sampling_probability is None
+                                           or sampling_probability < 1):
+        q = "" if sampling_probability is None else f"q = {sampling_probability:g}; "
+        raise InvalidParameterError(
+            "method", method, "auto, pld, pld-fft or rdp when steps are sampled "
+            f"({q}{method} prices Gaussian steps without sampling)")
 
 
 _DELTA_HELP = "the delta in (0, 1) the epsilon holds at"
@@ -328,6 +346,7 @@ def _emit(obj: dict[str, Any], as_json: bool, text: str) -> None:
 
 def _cmd_epsilon(a: argparse.Namespace) -> None:
     if a.mechanism == "gaussian":
+        _check_gaussian_method(a.method, a.sampling_probability)
         ev = gaussian_steps_event(a.noise_multiplier, _validate.positive_int("steps", a.steps),
                                   a.sampling_probability)
         settings = {"noise_multiplier": a.noise_multiplier, "steps": int(a.steps),
@@ -345,6 +364,8 @@ def _cmd_epsilon(a: argparse.Namespace) -> None:
 def _cmd_calibrate(a: argparse.Namespace) -> None:
     relation = NeighboringRelation[_RELATIONS[a.relation]]
     rel_note = "" if a.relation == "add-remove" else "; neighbouring relation: replace_one"
+    if a.batch_size is not None or (a.sampling_probability or 1.0) < 1:
+        _check_gaussian_method(a.method, a.sampling_probability)
     if a.mechanism == "steps":
         s = calibrate_steps(noise_multiplier=a.noise_multiplier, target_epsilon=a.target_epsilon,
                             delta=a.delta, sampling_probability=a.sampling_probability,

@@ -369,8 +369,38 @@ class Ledger:
     def _epsilons_of(self, states: list[int]) -> np.ndarray:
         return self._states.prices(states)
 
+    def _event_of(self, event: Any) -> Any:
+        """``event`` itself, or a mechanism's event for this ledger's relation.
+
+        A privkit mechanism (``.event()`` and ``.neighboring_relation``) may be charged in
+        place of its event: one whose ``event`` takes a relation is priced under the ledger's;
+        one whose sensitivity holds for another relation only is refused, rather than charged
+        under a relation its sensitivity is not for.
+        """
+        if isinstance(event, DpEvent):
+            return event
+        make, rel = getattr(event, "event", None), getattr(event, "neighboring_relation", None)
+        if not callable(make) or not isinstance(rel, NeighboringRelation):
+            return event  # refused below, named
+        import inspect
+
+        try:
+            takes = "neighboring_relation" in inspect.signature(make).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            return make(neighboring_relation=self.neighboring_relation)
+        if rel != self.neighboring_relation:
+            raise InvalidParameterError(
+                "event", type(event).__name__,
+                f"a mechanism whose sensitivity is for the ledger's relation "
+                f"{self.neighboring_relation.name} (it is for {rel.name}): create the ledger "
+                f"with neighboring_relation={rel.name}")
+        return make()
+
     def _event_delta(self, event: Any, count: Any) -> tuple[str, int]:
         """Validate ``event`` and ``count``; return the event's canonical JSON and delta id."""
+        event = self._event_of(event)
         if not isinstance(event, DpEvent):
             raise InvalidParameterError("event", event, "a dp_accounting DpEvent")
         count = _validate.positive_int("count", count)
@@ -425,7 +455,8 @@ class Ledger:
 
         Args:
             client_ids: one id or a non-empty sequence of distinct ids (str or int).
-            event: the privacy event of one use (dp-accounting or privkit event).
+            event: the privacy event of one use (dp-accounting or privkit event), or a
+                privkit mechanism: its event, checked against the ledger's relation.
             label: what was released, non-empty.
             count: uses, an integer >= 1.
             round: round (model version) counter, step: step (e.g. upload)

@@ -40,6 +40,7 @@ from privkit.accountants.rules import (
     rdp_curve,
 )
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
+from privkit.events.mechanisms import as_relation
 
 # Loaded on first use (privkit's start-up): the PLDs and pure composition.
 fftpld: Any = LazyModule("privkit.accountants.fftpld")
@@ -114,7 +115,8 @@ class EpsilonReport:
             (``"ADD_OR_REMOVE_ONE"`` or ``"REPLACE_ONE"``; None when no relation was priced).
 
     ``float(report)`` is the epsilon and ``str(report)`` one line (epsilon, delta, method,
-    relation); :meth:`summary` adds the assumptions, one line each.
+    relation); :meth:`summary` adds the assumptions, one line each. A report compares with a
+    number by its epsilon (``report <= 2``); two reports compare only at the same delta.
 
     Example:
         >>> r = EpsilonReport(1.5, 1e-5, "exact", (), "REPLACE_ONE")
@@ -130,6 +132,34 @@ class EpsilonReport:
 
     def __float__(self) -> float:
         return float(self.epsilon)
+
+    def _other(self, other: Any) -> float:
+        if isinstance(other, EpsilonReport):
+            if other.delta != self.delta:
+                raise InvalidParameterError(
+                    "other", other, f"a report at the same delta ({self.delta:g}): epsilons at "
+                    "different deltas do not compare")
+            return float(other.epsilon)
+        if isinstance(other, (int, float, np.integer, np.floating)) and \
+                not isinstance(other, bool):
+            return float(other)
+        return NotImplemented  # type: ignore[return-value]
+
+    def __lt__(self, other: Any) -> bool:
+        o = self._other(other)
+        return o if o is NotImplemented else float(self.epsilon) < o
+
+    def __le__(self, other: Any) -> bool:
+        o = self._other(other)
+        return o if o is NotImplemented else float(self.epsilon) <= o
+
+    def __gt__(self, other: Any) -> bool:
+        o = self._other(other)
+        return o if o is NotImplemented else float(self.epsilon) > o
+
+    def __ge__(self, other: Any) -> bool:
+        o = self._other(other)
+        return o if o is NotImplemented else float(self.epsilon) >= o
 
     def __str__(self) -> str:
         rel = (f"; neighbouring relation: {self.neighboring_relation.lower()}"
@@ -152,14 +182,7 @@ class EpsilonReport:
 
 
 # ----------------------------------------------------------------- helpers
-def _relation(value: Any) -> Any:
-    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
-        return NeighboringRelation[value.upper()]
-    if not isinstance(value, NeighboringRelation):
-        raise InvalidParameterError(
-            "neighboring_relation", value, "a dp_accounting NeighboringRelation"
-        )
-    return value
+_relation = as_relation
 
 
 def _rho_total(comp: Composition) -> float | None:
@@ -518,14 +541,23 @@ def epsilon(
         event: a dp-accounting ``DpEvent`` or a privkit event, possibly composed.
         delta: target delta in (0, 1).
         method: a :class:`Method` (or its name); ``AUTO`` picks the tightest.
-        neighboring_relation: dp-accounting's relation (or its name, e.g. ``"REPLACE_ONE"``):
-            the relation the event's sensitivity is for (a mechanism's
+        neighboring_relation: dp-accounting's relation (or its name, e.g. ``"REPLACE_ONE"``,
+            ``"replace-one"``): the relation the event's sensitivity is for (a mechanism's
             ``neighboring_relation``, e.g. ``GaussianOutputPerturbation``'s ``REPLACE_ONE``);
             the report names it. It changes the number for sampled events only.
+
+    Returns:
+        The report: ``epsilon``, the ``delta`` asked for, the method that priced it and the
+        assumptions.
 
     Raises:
         InvalidParameterError: bad delta or bad event parameters (names the field).
         UnsupportedEventError: ``method`` cannot price this event.
+
+    Example:
+        >>> from privkit.events import GaussianDpEvent
+        >>> round(epsilon(GaussianDpEvent(1.0), 1e-5).epsilon, 4)
+        4.3772
     """
     d = _validate.delta("delta", delta)
     m = Method.parse(method)
@@ -540,7 +572,30 @@ def delta(
     *,
     neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE,
 ) -> EpsilonReport:
-    """Upper bound on delta at ``epsilon`` (>= 0, inf allowed) for ``event``."""
+    """Upper bound on delta at ``epsilon`` for ``event`` (the inverse question of
+    :func:`epsilon`).
+
+    Args:
+        event: a dp-accounting ``DpEvent`` or a privkit event, possibly composed.
+        epsilon: the epsilon, >= 0 (``inf`` gives delta 0).
+        method: a :class:`Method` (or its name); ``AUTO`` picks the tightest.
+        neighboring_relation: the relation the event's sensitivity is for (or its name), as
+            in :func:`epsilon`.
+
+    Returns:
+        The report: the ``epsilon`` asked for, the ``delta`` upper bound at it (at most 1),
+        the method and the assumptions.
+
+    Raises:
+        InvalidParameterError: bad epsilon or bad event parameters (names the field).
+        UnsupportedEventError: ``method`` cannot price this event.
+        NumericalError: the computed delta is not a probability (never reported).
+
+    Example:
+        >>> from privkit.events import GaussianDpEvent
+        >>> delta(GaussianDpEvent(1.0), 4.3772).delta < 1e-5
+        True
+    """
     e = _validate.nonnegative_or_inf("epsilon", epsilon)
     return _price_delta(flatten(event), e, Method.parse(method), _relation(neighboring_relation))
 

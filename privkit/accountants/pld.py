@@ -73,6 +73,8 @@ def _guarded(what: str, fn: Any) -> float:
     try:
         with np.errstate(all="ignore"):
             value = float(fn())
+    except UnsupportedEventError:
+        raise  # an event PLD has no rule for: its own message says so
     except _PLD_FAILURES as exc:
         raise UnsupportedEventError(
             f"pld cannot price this event ({what}: {type(exc).__name__}: {exc}); its "

@@ -391,6 +391,17 @@ def relation_error(event: dp_event.DpEvent, relation: Any) -> str | None:
     return None
 
 
+@relation_error.register
+def _(event: dp_event.SampledWithoutReplacementDpEvent, relation: Any) -> str | None:
+    if relation != NeighboringRelation.REPLACE_ONE:
+        return ("SampledWithoutReplacementDpEvent (a fixed-size batch) is priced under "
+                "REPLACE_ONE neighbours only: a fixed batch size is defined for a fixed data "
+                "set size, and dp-accounting's rules for it are replace-one's; pass "
+                "neighboring_relation=REPLACE_ONE (CLI: --relation replace-one) or sample "
+                "with PoissonSampledDpEvent")
+    return None
+
+
 # -------------------------------------------------------------------- notes
 @functools.singledispatch
 def notes(event: dp_event.DpEvent) -> tuple[str, ...]:

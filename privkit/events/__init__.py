@@ -49,6 +49,7 @@ from privkit.events.mechanisms import (
     ObjectivePerturbationDpEvent,
     PoissonSampledPureDpEvent,
     RecDpEvent,
+    as_relation,
     objective_step_epsilon,
 )
 
@@ -78,4 +79,5 @@ __all__ = [
     "register_event_module",
     "gaussian_steps_event",
     "pure_steps_event",
+    "as_relation",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "LabelMode",
     "CodedDataMiEvent",
     "PoissonSampledPureDpEvent",
+    "as_relation",
 ]
 
 #: Largest number of REC candidates per group (2**24).
@@ -192,13 +193,35 @@ class ObjectivePerturbationDpEvent(DpEvent):
 
 
 # ------------------------------------------------------------------ REC
-def _relation_name(value: Any) -> str:
+#: Spellings of the relations a string may use (case and ``-``/``_`` do not matter).
+_RELATION_NAMES = {"ADD_OR_REMOVE_ONE": "ADD_OR_REMOVE_ONE", "ADD_REMOVE": "ADD_OR_REMOVE_ONE",
+                   "REPLACE_ONE": "REPLACE_ONE"}
+
+
+def as_relation(value: Any) -> Any:
+    """A dp_accounting ``NeighboringRelation`` from itself or a name: ``"replace-one"`` (the
+    CLI's spelling), ``"REPLACE_ONE"``, ``"add-remove"``, ``"add_or_remove_one"``, ...
+
+    Raises:
+        InvalidParameterError: anything else (naming ``neighboring_relation``).
+    """
     if isinstance(value, NeighboringRelation):
-        return value.name
-    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
-        return value.upper()
-    raise InvalidParameterError("RecDpEvent.neighboring_relation", value,
-                                "REPLACE_ONE or ADD_OR_REMOVE_ONE")
+        return value
+    if isinstance(value, str):
+        name = _RELATION_NAMES.get(value.strip().upper().replace("-", "_").replace("/", "_"))
+        if name is not None:
+            return NeighboringRelation[name]
+    raise InvalidParameterError(
+        "neighboring_relation", value, "a dp_accounting NeighboringRelation (ADD_OR_REMOVE_ONE "
+        "or REPLACE_ONE) or its name ('add-remove', 'replace-one')")
+
+
+def _relation_name(value: Any) -> str:
+    try:
+        return str(as_relation(value).name)
+    except InvalidParameterError:
+        raise InvalidParameterError("RecDpEvent.neighboring_relation", value,
+                                    "REPLACE_ONE or ADD_OR_REMOVE_ONE") from None
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

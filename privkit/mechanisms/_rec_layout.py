@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from privkit.errors import InvalidParameterError
-from privkit.events.mechanisms import NeighboringRelation
+from privkit.events.mechanisms import as_relation
 
 __all__ = ["SEED_BYTES"]
 
@@ -176,9 +176,4 @@ def _check_seed(seed: Any) -> bytes:
 
 
 def _relation(value: Any) -> Any:
-    if isinstance(value, NeighboringRelation):
-        return value
-    if isinstance(value, str) and value.upper() in NeighboringRelation.__members__:
-        return NeighboringRelation[value.upper()]
-    raise InvalidParameterError("neighboring_relation", value,
-                                "REPLACE_ONE or ADD_OR_REMOVE_ONE")
+    return as_relation(value)

@@ -94,14 +94,11 @@ class NonFiniteUpdates(enum.Enum):
 
 
 def _relation(value: Any) -> Any:
-    from privkit.events.mechanisms import NeighboringRelation
+    from privkit.events.mechanisms import NeighboringRelation, as_relation
 
     if value is None:
         return NeighboringRelation.ADD_OR_REMOVE_ONE
-    if isinstance(value, NeighboringRelation):
-        return value
-    raise InvalidParameterError("neighboring_relation", value,
-                                "a privkit.NeighboringRelation (ADD_OR_REMOVE_ONE or REPLACE_ONE)")
+    return as_relation(value)
 
 
 def _sampled(inner: DpEvent, q: float) -> DpEvent:

@@ -178,20 +178,15 @@ class PrivacyPlan:
         events: dict[Any, list[str]] = {}
         for c in clients:
             events.setdefault(self.mechanism(int(c)).event(), []).append(str(c))
-        for ev, ids in events.items():
-            over = ledger.would_exceed(ids, ev)
-            if bool(np.any(over)):
-                who = [i for i, o in zip(ids, over) if o]
-                raise BudgetStop(f"client(s) {', '.join(who[:5])} would exceed the budget "
-                                 f"in data round {round_}")
-        seq = -1
-        for ev, ids in events.items():
-            try:
-                seq = ledger.spend(ids, ev, label="odd-round release", round=round_,
-                                   run_id=run_id).seq
-            except BudgetExceededError as exc:  # cannot happen after the check; stay safe
-                raise BudgetStop(str(exc)) from None
-        return seq
+        if not events:
+            return -1
+        try:  # one all-or-nothing write (one fsync) for the whole round
+            return ledger.spend_many([(ids, ev) for ev, ids in events.items()],
+                                     label="odd-round release", round=round_,
+                                     run_id=run_id).seq
+        except BudgetExceededError as exc:
+            raise BudgetStop(f"client(s) would exceed the budget in data round {round_}: "
+                             f"{exc}") from None
 
     def report(self, ledger: Ledger, num_clients: int) -> dict[str, Any]:
         """The report's ``privacy`` section (per-client epsilons replayed from the ledger)."""

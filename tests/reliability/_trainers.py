@@ -63,19 +63,19 @@ _UPCYCLED = ("train", "upcycled", "--dataset", "digits:3", "--epochs", "1", "--f
              "--device", "cpu", "--checkpoint-every", "1", "--eval-every", "1")
 
 CASES: list[TrainerCase] = [
-    TrainerCase("upcycled-output", _UPCYCLED + ("--iterations", "24", "--privacy", "output",
+    TrainerCase("upcycled-output", _UPCYCLED + ("--rounds", "24", "--privacy", "output",
                                                 "--sigma", "5"),
                 ("ledger-upcycled.jsonl",), ("checkpoints/upcycled",), ci=True),
-    TrainerCase("upcycled-objective", _UPCYCLED + ("--iterations", "24", "--privacy",
+    TrainerCase("upcycled-objective", _UPCYCLED + ("--rounds", "24", "--privacy",
                                                    "objective", "--alpha", "50",
                                                    "--allow-unproven"),
                 ("ledger-upcycled.jsonl",), ("checkpoints/upcycled",)),
     TrainerCase("fedprox-output-budget", _UPCYCLED + (
-        "--algorithm", "fedprox", "--iterations", "24", "--privacy", "output", "--sigma", "50",
+        "--algorithms", "fedprox", "--rounds", "24", "--privacy", "output", "--sigma", "50",
         "--epsilon-budget", "4"), ("ledger-fedprox.jsonl",), ("checkpoints/fedprox",)),
     TrainerCase("mapa-audp", (
-        "train", "mapa", "--algorithms", "mapa,audp", "--dataset", "digits", "--edges", "8",
-        "--batch", "16", "--updates", "150", "--eval-every", "25", "--epsilon", "2",
+        "train", "mapa", "--algorithms", "mapa,audp", "--dataset", "digits", "--clients", "8",
+        "--batch", "16", "--rounds", "150", "--eval-every", "25", "--upload-epsilon", "2",
         "--tau-max", "6", "--checkpoint-every", "15", "--seed", "3"),
         ("ledger-mapa.jsonl", "ledger-audp.jsonl"), ("checkpoints/mapa", "checkpoints/audp"),
         ci_draw=True),
@@ -87,7 +87,7 @@ CASES: list[TrainerCase] = [
     TrainerCase("dprec-dpfedavg", (
         "train", "dprec", "--dataset", "digits", "--clients", "10", "--clients-per-round", "6",
         "--rounds", "12", "--bits", "4", "--eval-every", "1", "--lr", "0.2",
-        "--dpfedavg-noise", "2.0", "--device", "cpu", "--checkpoint-every", "1"),
+        "--noise-multiplier", "2.0", "--device", "cpu", "--checkpoint-every", "1"),
         ("ledger-dprec.jsonl", "ledger-dpfedavg.jsonl"),
         ("checkpoints/dprec", "checkpoints/dpfedavg"), ci_draw=True),
 ]
@@ -135,7 +135,7 @@ def outcome(case: TrainerCase, out: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ budget enforcement
-#: One charge as the spy on ``Ledger.spend`` records it: (ledger ``round``, client ids, count).
+#: One charge as the spy on ``Ledger.spend_many`` records it: (ledger ``round``, client ids, count).
 Charge = tuple[Any, tuple[str, ...], int]
 
 

@@ -32,15 +32,18 @@ def _install_spies(case: BudgetCase, monkeypatch, log: list) -> None:
         monkeypatch.setattr(module, attr, spy)
     import privkit.ledger as ledger_mod
 
-    real_spend = ledger_mod.Ledger.spend
+    real_spend = ledger_mod.Ledger.spend_many  # Ledger.spend is one charge of it
 
-    def spend(self, client_ids, event, **kw):
-        receipt = real_spend(self, client_ids, event, **kw)
-        log.append(("charge", kw.get("round"), tuple(str(c) for c in receipt.client_ids),
-                    int(kw.get("count", 1))))
+    def spend_many(self, charges, **kw):
+        charges = list(charges)
+        receipt = real_spend(self, charges, **kw)
+        for charge in charges:  # logged only once the whole batch is on disk
+            ids = charge[0] if isinstance(charge[0], (list, tuple)) else [charge[0]]
+            log.append(("charge", kw.get("round"), tuple(str(c) for c in ids),
+                        int(charge[2]) if len(charge) == 3 else 1))
         return receipt
 
-    monkeypatch.setattr(ledger_mod.Ledger, "spend", spend)
+    monkeypatch.setattr(ledger_mod.Ledger, "spend_many", spend_many)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -43,7 +43,7 @@ from privkit.ledger import Ledger
 
 DELTA = 1e-5
 EVENT = privkit.PoissonSampledDpEvent(0.1, privkit.GaussianDpEvent(1.0))
-COMMON = ["train", "upcycled", "--dataset", "synthetic:iid@200/100", "--algorithm", "fedavg",
+COMMON = ["train", "upcycled", "--dataset", "synthetic:iid@200/100", "--algorithms", "fedavg",
           "--epochs", "1", "--stragglers", "0", "--quiet"]
 PRIVATE = ["--privacy", "client", "--client-rate", "0.1", "--clip", "1", "--noise-multiplier",
            "1"]
@@ -52,7 +52,7 @@ PRIVATE = ["--privacy", "client", "--client-rate", "0.1", "--clip", "1", "--nois
 def trainer_seconds_per_round(extra: list[str], rounds: int, work: Path) -> float:
     """The trainer's own wall time per round (report.json), for one run."""
     out = work / f"run-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "privkit", *COMMON, *extra, "--iterations", str(rounds),
+    cmd = [sys.executable, "-m", "privkit", *COMMON, *extra, "--rounds", str(rounds),
            "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
     final = json.loads((out / "report.json").read_text())["algorithms"]["fedavg"]["final"]

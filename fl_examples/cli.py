@@ -30,14 +30,20 @@ DEFAULT_THREADS = 1
 #: Per trainer: configuration parameters named otherwise than the flag that sets them
 #: (parameter -> the flag's dest), so that an error names the flag the user typed.
 PARAMETER_FLAGS: dict[str, dict[str, str]] = {
-    "upcycled": {"local_epochs": "epochs", "l2_clip_norm": "clip", "stddev": "sigma"},
+    "upcycled": {"local_epochs": "epochs", "l2_clip_norm": "clip", "stddev": "sigma",
+                 "iterations": "rounds"},
     "mapa": {"compute_time_s": "compute_time", "link_time_s": "link_time",
-             "cloud_time_s": "cloud_time"},
+             "cloud_time_s": "cloud_time", "updates": "rounds", "edges": "clients",
+             "epsilon": "upload_epsilon"},
     "scfl": {"stddev": "noise_stddev", "label_stddev": "label_noise_stddev",
              "label_l2_bound": "label_norm_bound", "num_coded_rows": "coded_rows",
              "server_batch_size": "server_batch", "client_batch_size": "client_batch",
-             "local_epochs": "epochs"},
-    "dprec": {"local_epochs": "epochs", "history_compression": "no_history_compression"},
+             "local_epochs": "epochs", "gradient_clip": "clip",
+             "gradient_noise_multiplier": "noise_multiplier",
+             "gradient_noise_for_epsilon": "noise_for_epsilon"},
+    "dprec": {"local_epochs": "epochs", "history_compression": "no_history_compression",
+              "l2_clip": "clip", "dpfedavg_noise": "noise_multiplier",
+              "epsilon": "noise_for_epsilon"},
 }
 
 
@@ -71,7 +77,10 @@ data sets (--dataset), for upcycled and dprec:
 scfl: digits[:K] | digits:iid | linreg[:D,O[,NOISE]] | mnist:DIR
 mapa (over its edges): digits[:K] | digits:iid | synthetic:ALPHA,BETA[:PRESET] |
   synthetic:iid[:PRESET] | mnist:DIR
-Every trainer takes --help (its options, with their defaults)."""
+One vocabulary in every trainer: --rounds (run length), --algorithms A,B (the first is
+the main one), --clients, --clip, --noise-multiplier, --noise-for-epsilon (the clients' max
+epsilon), --delta, --secure-noise, --eval-client-data; older spellings still work and print
+a note. Every trainer takes --help (its options, with their defaults)."""
 """The epilog of ``privkit train --help``: the data-set specs."""
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import OUT_HELP, nonnegative_int, positive_int
+from fl_examples.commands import (
+    OUT_HELP,
+    nonnegative_int,
+    noted,
+    positive_int,
+    split_algorithms,
+)
 
 NAME = "dprec"
 HELP = "DP-REC (relative entropy coding) and DP-FedAvg at the same epsilon"
@@ -26,11 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="logreg", choices=["logreg", "cnn"],
                    help="logreg: multinomial logistic regression; cnn: a small CNN (3 "
                         "channels, one hidden layer of 100)")
-    p.add_argument("--algorithm", default="dprec", choices=["dprec", "dpfedavg", "fedavg"],
-                   help="the algorithm run first (--compare adds the others)")
-    p.add_argument("--compare", default="dpfedavg,fedavg",
-                   help="comma-separated: dpfedavg, fedavg (non-private reference), dprec, "
-                        "or '' (default: dpfedavg,fedavg)")
+    p.add_argument("--algorithms", default=None,
+                   help="comma-separated among dprec, dpfedavg, fedavg (the non-private "
+                        "reference); the first is the main one (default dprec,dpfedavg,fedavg)")
+    p.add_argument("--algorithm", default=None, choices=["dprec", "dpfedavg", "fedavg"],
+                   help=argparse.SUPPRESS)
+    p.add_argument("--compare", default=None, help=argparse.SUPPRESS)
     p.add_argument("--clients-per-round", type=float, default=30,
                    help="|S'|: DP-REC's draws per round (with replacement)")
     p.add_argument("--client-rate", type=float, default=None,
@@ -41,10 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="DP-REC: bits per group (K = 2**bits; default 8)")
     p.add_argument("--groups", default=None,
                    help="DP-REC: per-layer (default) | whole | per-parameter | chunks:N")
-    p.add_argument("--l2-clip", type=float, default=0.5, help="C, update clip norm")
+    p.add_argument("--clip", "--l2-clip", type=float, default=0.5, action=noted("--clip"),
+                   help="C, each client update's L2 clip norm (DP-REC and DP-FedAvg)")
     p.add_argument("--stddev", type=float, default=None,
                    help="DP-REC: sigma of the REC prior/target (default 1; refused with "
-                        "--epsilon, which calibrates it)")
+                        "--noise-for-epsilon, which calibrates it)")
     p.add_argument("--epochs", type=float, default=5, help="local epochs")
     p.add_argument("--batch-size", type=float, default=16, help="local SGD minibatch size")
     p.add_argument("--lr", type=float, default=0.5, help="local learning rate")
@@ -53,14 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-momentum", type=float, default=0.0,
                    help="heavy-ball momentum of the server step, in [0, 1)")
     p.add_argument("--delta", type=float, default=1e-5, help="delta of every epsilon")
-    p.add_argument("--epsilon", type=float, default=None,
+    p.add_argument("--noise-for-epsilon", "--epsilon", type=float, default=None,
+                   action=noted("--noise-for-epsilon"),
                    help="target central epsilon: calibrate DP-REC's --stddev and DP-FedAvg's "
                         "noise to reach it after --rounds rounds (default: DP-REC uses "
                         "--stddev and DP-FedAvg matches its epsilon)")
     p.add_argument("--epsilon-budget", type=float, default=None,
                    help="stop before the central epsilon would exceed this")
-    p.add_argument("--dpfedavg-noise", type=float, default=None,
-                   help="DP-FedAvg noise multiplier z, noise stddev of the sum / --l2-clip "
+    p.add_argument("--noise-multiplier", "--dpfedavg-noise", type=float, default=None,
+                   action=noted("--noise-multiplier"),
+                   help="DP-FedAvg's noise multiplier z, the noise stddev of the sum / --clip "
                         "(default: calibrated)")
     p.add_argument("--relation", default=None, choices=["add-remove", "replace-one"],
                    help="neighbouring federations differ by adding/removing one client or by "
@@ -95,12 +105,12 @@ def run(args: argparse.Namespace) -> int:
         client_rate=args.client_rate,
         rounds=positive_int("rounds", args.rounds),
         bits=None if args.bits is None else positive_int("bits", args.bits),
-        groups=args.groups, l2_clip=args.l2_clip, stddev=args.stddev,
+        groups=args.groups, l2_clip=args.clip, stddev=args.stddev,
         local_epochs=positive_int("epochs", args.epochs),
         batch_size=positive_int("batch_size", args.batch_size), lr=args.lr,
         server_lr=args.server_lr, server_momentum=args.server_momentum, delta=args.delta,
-        epsilon=args.epsilon, epsilon_budget=args.epsilon_budget,
-        dpfedavg_noise=args.dpfedavg_noise, relation=args.relation,
+        epsilon=args.noise_for_epsilon, epsilon_budget=args.epsilon_budget,
+        dpfedavg_noise=args.noise_multiplier, relation=args.relation,
         history_compression=False if args.no_history_compression else None,
         device=args.device, secure_noise=args.secure_noise,
         eval_client_data=args.eval_client_data,
@@ -108,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
-    compare = tuple(c for c in args.compare.split(",") if c)
-    res = train(cfg, compare=compare, out=args.out, resume=args.resume,
-                algorithm=args.algorithm)
+    main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
+                                     ("dprec", "dpfedavg", "fedavg"))
+    res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],
                               "privacy": {k: v for k, v in r["privacy"].items()

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from fl_examples.commands import OUT_HELP, nonnegative_int, positive_int
+from fl_examples.commands import OUT_HELP, nonnegative_int, noted, positive_int
 
 NAME = "mapa"
 HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace or Gaussian gradient noise"
@@ -25,8 +25,10 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                         "synthetic:iid | mnist:DIR (IDX files you provide)")
     u.add_argument("--model", default="logreg", choices=["logreg", "cnn"],
                    help="cnn: the paper's CNN (28x28 images, d = 4380)")
-    u.add_argument("--edges", type=float, default=30, help="K, number of edge servers")
-    u.add_argument("--epsilon", default=None,
+    u.add_argument("--clients", "--edges", type=float, default=30, action=noted("--clients"),
+                   help="K, the number of edge servers (the clients of the cloud)")
+    u.add_argument("--upload-epsilon", "--epsilon", default=None,
+                   action=noted("--upload-epsilon"),
                    help="per-upload epsilon of every edge, or K comma-separated values "
                         "(default 1; l2/l1 only: --noise gaussian sets its noise with "
                         "--noise-for-epsilon or --noise-multiplier)")
@@ -40,7 +42,8 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                    help="price uploads with amplification by Poisson subsampling (add/remove "
                         "neighbours; assumes the sampler's outcome stays secret); needs "
                         "--batch-sampler poisson")
-    u.add_argument("--updates", type=float, default=2000, help="applied cloud updates T")
+    u.add_argument("--rounds", "--updates", type=float, default=2000,
+                   action=noted("--rounds"), help="T, the applied cloud updates")
     u.add_argument("--delta", type=float, default=None,
                    help="Thm 3's delta and the delta of every reported epsilon (default 1e-3; "
                         "1e-5 for --noise gaussian)")
@@ -118,8 +121,8 @@ def _epsilon(text: str) -> Any:
     try:
         vals = tuple(float(v) for v in str(text).split(","))
     except ValueError:
-        raise InvalidParameterError("epsilon", text, "a number or comma-separated numbers") \
-            from None
+        raise InvalidParameterError("upload_epsilon", text, "a number or comma-separated "
+                                    "numbers") from None
     return vals if len(vals) > 1 else vals[0]
 
 
@@ -129,10 +132,10 @@ def _pure_only(args: argparse.Namespace) -> None:
 
     if args.noise != "gaussian":
         return
-    if args.epsilon is not None:
+    if args.upload_epsilon is not None:
         raise InvalidParameterError(
-            "epsilon", args.epsilon, "left out with --noise gaussian (a per-upload pure "
-            "epsilon; set the whole-run epsilon with --noise-for-epsilon)")
+            "upload_epsilon", args.upload_epsilon, "left out with --noise gaussian (a "
+            "per-upload pure epsilon; set the whole-run epsilon with --noise-for-epsilon)")
     if args.audp_clip is not None:
         raise InvalidParameterError("audp_clip", args.audp_clip,
                                     "left out with --noise gaussian (its clip is --clip)")
@@ -144,9 +147,10 @@ def run(args: argparse.Namespace) -> int:
     _pure_only(args)
     algorithms = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
     cfg = MapaConfig(
-        dataset=args.dataset, model=args.model, edges=positive_int("edges", args.edges),
-        batch=positive_int("batch", args.batch), updates=positive_int("updates", args.updates),
-        epsilon=_epsilon("1" if args.epsilon is None else args.epsilon), delta=args.delta,
+        dataset=args.dataset, model=args.model, edges=positive_int("clients", args.clients),
+        batch=positive_int("batch", args.batch), updates=positive_int("rounds", args.rounds),
+        epsilon=_epsilon("1" if args.upload_epsilon is None else args.upload_epsilon),
+        delta=args.delta,
         theta=args.theta, sigma=args.sigma, lipschitz=args.lipschitz, r0=args.r0,
         tau_max=None if args.tau_max is None else nonnegative_int("tau_max", args.tau_max),
         noise=args.noise, variance=args.variance,

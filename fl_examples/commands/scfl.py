@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import OUT_HELP, nonnegative_int, positive_int
+from fl_examples.commands import OUT_HELP, nonnegative_int, noted, positive_int
 
 DATASET_HELP = (
     "the data set, over --clients clients: digits[:K] (sklearn digits, K classes per client, "
@@ -20,7 +20,7 @@ DESCRIPTION = ("Stochastic coded federated learning (linear regression) on a sim
                "straggler timing model, with FL-PMA, CodedFedL-style, DP-CFL-style and CFL-FB "
                "baselines. Each coded upload's MI-DP (nats; coded upload only) is reported per "
                "client; the per-epoch client gradients are unprotected unless "
-               "--gradient-noise-multiplier or --gradient-noise-for-epsilon adds record-level "
+               "--noise-multiplier or --noise-for-epsilon adds record-level "
                "DP-SGD noise to them (epsilon per client on a ledger).")
 
 METHODS = "scfl, scfl-nomakeup, fl-pma, codedfedl, dp-cfl, cfl-fb"
@@ -59,14 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "gradient noise")
     g = p.add_argument_group("record-level DP on the client gradients (the paper's gradients "
                              "carry no noise)")
-    g.add_argument("--gradient-noise-multiplier", type=_opt_float, default=None,
-                   help="z: clip each example's gradient to --gradient-clip, add N(0, (z C)^2) "
-                        "to each client's sum, Poisson minibatches; each client is charged "
-                        "per epoch on OUT/ledger-<method>.jsonl")
-    g.add_argument("--gradient-noise-for-epsilon", type=_opt_float, default=None,
+    g.add_argument("--noise-multiplier", "--gradient-noise-multiplier", type=_opt_float,
+                   default=None, action=noted("--noise-multiplier"),
+                   help="z: clip each example's gradient to --clip, add N(0, (z C)^2) to each "
+                        "client's sum, Poisson minibatches; each client is charged per epoch "
+                        "on OUT/ledger-<method>.jsonl")
+    g.add_argument("--noise-for-epsilon", "--gradient-noise-for-epsilon", type=_opt_float,
+                   default=None, action=noted("--noise-for-epsilon"),
                    help="calibrate z so every client's epsilon after --rounds epochs is at "
                         "most this")
-    g.add_argument("--gradient-clip", type=float, default=1.0,
+    g.add_argument("--clip", "--gradient-clip", type=float, default=1.0,
+                   action=noted("--clip"),
                    help="C, the per-example clip norm of the gradient noise")
     g.add_argument("--delta", type=float, default=1e-5, help="delta of the gradients' epsilon")
     p.add_argument("--lr", type=float, default=1.0,
@@ -98,8 +101,7 @@ def _batch_sampling(args: argparse.Namespace) -> str:
     """--batch-sampling, defaulting to bernoulli (Poisson) with gradient noise, else fixed."""
     if args.batch_sampling is not None:
         return str(args.batch_sampling)
-    dp = args.gradient_noise_multiplier is not None \
-        or args.gradient_noise_for_epsilon is not None
+    dp = args.noise_multiplier is not None or args.noise_for_epsilon is not None
     return "bernoulli" if dp else "fixed"
 
 
@@ -122,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
         secure_coding=args.secure_coding, secure_noise=args.secure_noise,
         eval_client_data=args.eval_client_data,
-        gradient_noise_multiplier=args.gradient_noise_multiplier,
-        gradient_noise_for_epsilon=args.gradient_noise_for_epsilon,
-        gradient_clip=args.gradient_clip, delta=args.delta)
+        gradient_noise_multiplier=args.noise_multiplier,
+        gradient_noise_for_epsilon=args.noise_for_epsilon,
+        gradient_clip=args.clip, delta=args.delta)
     res = train(cfg, algorithms=args.algorithms, out=args.out, resume=args.resume)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "privacy": r.get("privacy"),

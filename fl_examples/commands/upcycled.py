@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import OUT_HELP, nonnegative_int
+from fl_examples.commands import OUT_HELP, nonnegative_int, noted, split_algorithms
 
 DATASET_HELP = (
     "the federated data set: synthetic:ALPHA,BETA[:PRESET] (Synthetic(alpha, beta), PRESET "
@@ -35,8 +35,13 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--lam-schedule", default="constant", choices=["constant", "sqrt"],
                    help="constant: lambda_m = lam (the paper's experiments); sqrt: lambda_m = "
                         "lam sqrt(m) (Corollary 4.8)")
-    u.add_argument("--iterations", type=float, default=160,
-                   help="Upcycled-FL iterations (baselines in --compare run half as many)")
+    u.add_argument("--rounds", "--iterations", type=float, default=160,
+                   action=noted("--rounds"),
+                   help="Upcycled-FL iterations, odd and even (without privacy the other "
+                        "algorithms run half as many: --baseline-iterations)")
+    u.add_argument("--clients", type=float, default=None,
+                   help="the number of clients of a synthetic or digits --dataset (the same as "
+                        "its @CLIENTS suffix; default 30)")
     u.add_argument("--fraction", type=float, default=0.3, help="clients sampled per round")
     u.add_argument("--stragglers", type=float, default=0.9, help="share of stragglers")
     u.add_argument("--epochs", type=float, default=20, help="local epochs E")
@@ -44,9 +49,12 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                    help="local minibatch size (record: the expected Poisson batch size)")
     u.add_argument("--lr", type=float, default=0.05, help="local SGD learning rate")
     u.add_argument("--momentum", type=float, default=0.5, help="local SGD momentum")
-    u.add_argument("--compare", default="", help="comma-separated: fedprox,fedavg")
-    u.add_argument("--algorithm", default="upcycled", choices=["upcycled", "fedprox", "fedavg"],
-                   help="the main algorithm of the run")
+    u.add_argument("--algorithms", default=None,
+                   help="comma-separated among upcycled, fedprox, fedavg; the first is the "
+                        "main one (default upcycled)")
+    u.add_argument("--compare", default=None, help=argparse.SUPPRESS)
+    u.add_argument("--algorithm", default=None, choices=["upcycled", "fedprox", "fedavg"],
+                   help=argparse.SUPPRESS)
     u.add_argument("--device", default="auto",
                    help="auto | cpu | cuda[:N] (auto: cuda when available)")
     u.add_argument("--seed", type=float, default=0,
@@ -69,8 +77,9 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                         "tau/|D_i| (the paper's Thm C.1 assumption), or the strongly convex "
                         "bound")
     p.add_argument("--clip", type=float, default=None,
-                   help="output: tau, the model's L2 clip norm; client: C, each update's L2 "
-                        "clip norm; record: C, each example gradient's (default 10)")
+                   help="output: tau, the model's L2 clip norm (default 10, the paper's); "
+                        "client: C, each update's (default 1); record: C, each example "
+                        "gradient's (default 1)")
     p.add_argument("--noise-multiplier", type=float, default=None,
                    help="z for client/record: noise stddev = z * --clip (default 1; refused "
                         "with --noise-for-epsilon, which calibrates it)")
@@ -84,6 +93,23 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-clip", type=float, default=None, metavar="QUANTILE",
                    help="client: track this quantile of the update norms (Andrew et al. "
                         "2021); the noisy count and the sum are one release, priced jointly")
+    p.add_argument("--mechanism", default=None, choices=["gaussian", "bandmf"],
+                   help="client: gaussian (DP-FedAvg: independent noise, Poisson sampling; "
+                        "default) or bandmf (banded matrix factorization: correlated noise "
+                        "under --participation, no Poisson sampling needed)")
+    p.add_argument("--bands", type=float, default=None,
+                   help="bandmf: b, the strategy's bands (default 4; 1: DP-FedAvg's noise "
+                        "under the same participation, priced without amplification)")
+    p.add_argument("--participation", default=None, choices=["minsep", "cyclic", "poisson"],
+                   help="bandmf: minsep (cohorts of round(q N) among clients not in the last "
+                        "b-1 data rounds; default), cyclic (group t mod g, all of it) or "
+                        "poisson (group t mod g, each member with probability q; amplified)")
+    p.add_argument("--groups", type=float, default=None,
+                   help="bandmf with cyclic or poisson: g, clients split by id mod g "
+                        "(default: --bands)")
+    p.add_argument("--min-separation", type=float, default=None,
+                   help="bandmf with minsep: s, data rounds between two participations of a "
+                        "client (default: --bands)")
     p.add_argument("--sigma", type=float, default=None,
                    help="output noise stddev (absolute; default 1)")
     p.add_argument("--alpha", type=float, default=None,
@@ -108,7 +134,7 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unproven", action="store_true",
                    help="run objective perturbation outside Thm C.2 (epsilon marked NOT PROVEN)")
     p.add_argument("--baseline-iterations", default="auto", choices=["auto", "half", "same"],
-                   help="iterations of the --compare baselines: half of --iterations (the "
+                   help="iterations of the other --algorithms: half of --rounds (the "
                         "paper's equal client compute), the same, or auto (half, unless "
                         "private: FedProx then releases twice as often)")
     u.add_argument("--json", action="store_true", help="print the final table as JSON")
@@ -119,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
     from fl_examples.upcycled import UpcycledConfig, final_table, train
 
     cfg = UpcycledConfig(
-        dataset=args.dataset, model=args.model, mu=args.mu, lam=args.lam,
-        lam_schedule=args.lam_schedule, iterations=nonnegative_int("iterations", args.iterations),
+        dataset=with_clients(args.dataset, args.clients), model=args.model, mu=args.mu,
+        lam=args.lam,
+        lam_schedule=args.lam_schedule, iterations=nonnegative_int("rounds", args.rounds),
         fraction=args.fraction, stragglers=args.stragglers,
         local_epochs=nonnegative_int("epochs", args.epochs),
         batch_size=nonnegative_int("batch_size", args.batch_size),
@@ -133,14 +160,20 @@ def run(args: argparse.Namespace) -> int:
         feature_norm=args.feature_norm, delta=args.delta,
         noise_multiplier=args.noise_multiplier, client_rate=args.client_rate,
         server_lr=args.server_lr, server_momentum=args.server_momentum,
-        adaptive_clip=args.adaptive_clip,
+        adaptive_clip=args.adaptive_clip, mechanism=args.mechanism,
+        bands=None if args.bands is None else nonnegative_int("bands", args.bands),
+        participation=args.participation,
+        groups=None if args.groups is None else nonnegative_int("groups", args.groups),
+        min_separation=None if args.min_separation is None else nonnegative_int(
+            "min_separation", args.min_separation),
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
         baseline_iterations=args.baseline_iterations, secure_noise=args.secure_noise,
         eval_client_data=args.eval_client_data,
     )
-    compare = tuple(c for c in args.compare.split(",") if c)
-    res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=args.algorithm)
+    main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
+                                     ("upcycled",), ("upcycled", "fedprox", "fedavg"))
+    res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
     if args.json:
         print(json.dumps({n: r["history"][-1] | ({"privacy": {k: v for k, v in r["privacy"].items()
                                                               if k != "per_client"}}
@@ -151,3 +184,21 @@ def run(args: argparse.Namespace) -> int:
         if not is_quiet():
             print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
     return 0
+
+
+def with_clients(spec: str, clients: float | None) -> str:
+    """``--dataset`` with ``--clients N`` as its ``@N`` suffix (synthetic and digits only;
+    refused beside a suffix of its own)."""
+    if clients is None:
+        return spec
+    from privkit.errors import InvalidParameterError
+
+    n = nonnegative_int("clients", clients)
+    body, at, _ = spec.partition("@")
+    if at:
+        raise InvalidParameterError("clients", clients, "left out when --dataset has its own "
+                                    "@CLIENTS suffix")
+    if body.split(":", 1)[0].strip().lower() not in ("synthetic", "digits"):
+        raise InvalidParameterError("clients", clients, "given with a synthetic or digits "
+                                    "--dataset (the others bring their own clients)")
+    return f"{spec}@{n}"

@@ -13,7 +13,7 @@ independently with probability q (``client_rate``, default ``clients_per_round /
 outcome stays secret); :class:`privkit.ClientLevelGaussian` clips each sampled client's
 update to ``l2_clip``, adds N(0, (z C)^2 I) once to the sum (also when nobody was sampled),
 and the sum is divided by the fixed expected count q N, never the realised one
-(:class:`~fl_examples.core.dp_modes.ClientDpPlan`). FedAvg (``--compare fedavg``) is the
+(:class:`~fl_examples.core.dp_modes.ClientDpPlan`). FedAvg (``fedavg`` in ``--algorithms``) is the
 non-private reference: the same sampling and server step, no clipping, no noise.
 
 Noise: with ``epsilon`` both DP-REC's sigma and DP-FedAvg's z are calibrated so that the run
@@ -54,9 +54,10 @@ The package: :mod:`~fl_examples.dprec.config` (settings, relations, data, model)
 :mod:`~fl_examples.dprec.run` (one algorithm's run on the trainer skeleton); :func:`train` runs
 DP-REC and its baselines and writes the report.
 
-Run it as ``privkit train dprec --epsilon 8 --compare dpfedavg,fedavg --out DIR`` (the
-defaults: digits over 100 clients; see ``docs/trainers/dprec.md`` for the measured table and
-the paper-like settings); add ``--checkpoint-every N``, and ``--resume`` after a crash.
+Run it as ``privkit train dprec --noise-for-epsilon 8 --algorithms dprec,dpfedavg,fedavg
+--out DIR`` (the defaults: digits over 100 clients; see ``docs/trainers/dprec.md`` for the
+measured table and the paper-like settings); add ``--checkpoint-every N``, and ``--resume``
+after a crash.
 """
 from __future__ import annotations
 
@@ -142,7 +143,8 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
             line.done(f"z = {z:.4g}")
         calibrated["dpfedavg"] = {
             "parameter": "noise_multiplier", "value": z, "target_epsilon": target,
-            "target": "--epsilon" if cfg.epsilon is not None else "DP-REC's central epsilon",
+            "target": "--noise-for-epsilon" if cfg.epsilon is not None
+            else "DP-REC's central epsilon",
             "planned_epsilon": dpfedavg_central_epsilon(z, cfg, n, cfg.rounds)}
     results: dict[str, Any] = {}
     for name in names:

@@ -86,7 +86,7 @@ def calibrate_dprec(target: float, cfg: DPRecConfig, num_clients: int,
         if sigma >= cap and e > target:
             raise InvalidParameterError(
                 "epsilon", target, f"reachable by DP-REC (its central epsilon stays above "
-                f"{e:.3g} at stddev {sigma / cfg.l2_clip:.3g} x --l2-clip with these rounds, "
+                f"{e:.3g} at stddev {sigma / cfg.l2_clip:.3g} x --clip with these rounds, "
                 "draws and clients: fewer rounds or draws, or more clients)")
         return e
 

@@ -182,8 +182,9 @@ class DPRecConfig:
                 if value is not None and value is not False and not ok:
                     raise InvalidParameterError(name, value, f"given only when {why[name]}")
             if self.epsilon is not None and self.stddev is not None and "dprec" in runs:
-                raise InvalidParameterError("stddev", self.stddev, "left out with --epsilon "
-                                            "(which calibrates DP-REC's stddev)")
+                raise InvalidParameterError("stddev", self.stddev, "left out with "
+                                            "--noise-for-epsilon (which calibrates DP-REC's "
+                                            "stddev)")
         fill = {"stddev": 1.0, "bits": 8, "groups": "per-layer", "history_compression": True,
                 "clients": 100, "digits_classes": 0}
         new = {k: v for k, v in fill.items() if getattr(self, k) is None and applies[k]}
@@ -211,7 +212,7 @@ def check_relation(cfg: DPRecConfig, algorithm: str) -> None:
             "relation", cfg.relation,
             "replace-one (or unset) when DP-REC runs: its message bound and its "
             "with-replacement amplification are proven under replace-one only; for DP-FedAvg "
-            "under add-remove alone use --algorithm dpfedavg --compare ''")
+            "under add-remove alone use --algorithms dpfedavg")
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:

@@ -72,8 +72,8 @@ The package: :mod:`~fl_examples.mapa.schedule` (the step-size and stage formulas
 adoption on resume), :mod:`~fl_examples.mapa.run` (one algorithm's run on the trainer
 skeleton) and :mod:`~fl_examples.mapa.report`; :func:`train` runs a comparison.
 
-Run it as ``privkit train mapa --algorithms mapa,audp,asgd --edges 100 --epsilon 1 --batch 24
---updates 5000 --speed-dist lognormal:0,1 --out DIR``.
+Run it as ``privkit train mapa --algorithms mapa,audp,asgd --clients 100 --upload-epsilon 1
+--batch 24 --rounds 5000 --speed-dist lognormal:0,1 --out DIR``.
 """
 
 from __future__ import annotations

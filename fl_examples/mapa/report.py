@@ -216,14 +216,15 @@ def _plot_extras(out: Path, schedule: Schedule, end: int,
 
 _COLUMNS = (Column("algorithm", 9), Column("updates", 7), Column("train loss", 10, ".4f"),
             Column("train acc", 9, ".4f"), Column("test acc", 8, ".4f"),
-            Column("sim s", 9, ".1f"), Column("wall s", 7, ".2f"), Column("tau mean", 8, ".1f"),
-            Column("tau max", 7))
+            Column("sim s", 9, ".1f"), Column("wall s", 7, ".2f"),
+            Column("staleness mean", 14, ".1f"),
+            Column("staleness max", 13))
 
 
 _PRIVATE_COLUMNS = (Column("algorithm", 9), Column("updates", 7),
                     Column("heldout loss", 12, ".4f"), Column("heldout acc", 11, ".4f"),
                     Column("sim s", 9, ".1f"), Column("wall s", 7, ".2f"),
-                    Column("tau mean", 8, ".1f"), Column("tau max", 7))
+                    Column("staleness mean", 14, ".1f"), Column("staleness max", 13))
 
 
 def final_table(result: dict[str, Any]) -> str:

@@ -197,7 +197,7 @@ class ScflConfig:
         if self.eval_client_data and not self.gradient_dp:
             raise InvalidParameterError(
                 "eval_client_data", True, "given only with gradient noise "
-                "(--gradient-noise-multiplier or --gradient-noise-for-epsilon): without it "
+                "(--noise-multiplier or --noise-for-epsilon): without it "
                 "the client gradients are unprotected and every metric is published anyway")
         if self.gradient_noise_multiplier is not None:
             v.positive("gradient_noise_multiplier", self.gradient_noise_multiplier)

@@ -13,7 +13,7 @@ their partial work). The k-th data round of every algorithm uses the same client
 stragglers and batch order (one seed tree).
 
 Run it as ``privkit train upcycled --dataset synthetic:0.5,0.5 --mu 1 --lam 0.42
---iterations 160 --fraction 0.3 --stragglers 0.9 --compare fedprox,fedavg --out DIR``.
+--rounds 160 --fraction 0.3 --stragglers 0.9 --algorithms upcycled,fedprox,fedavg --out DIR``.
 """
 
 from __future__ import annotations
@@ -150,6 +150,15 @@ def _privacy_detail(p: dict[str, Any]) -> str:
         return f"sensitivity {p['sensitivity']} ({p['sensitivity_formula']})"
     if mech == "objective_perturbation":
         return f"alpha {p['alpha']:.4g}"
+    if p.get("privacy_unit") == "client" and "bands" in p:
+        who = {"minsep": f"cohorts of {p['cohort']}, min separation {p['min_separation']}",
+               "cyclic": f"cyclic over {p['groups']} groups",
+               "poisson": f"cyclic over {p['groups']} groups, Poisson q {p['client_rate']:g}"
+               }[p["participation"]]
+        short = (f"; {p['cohort_shortfall_rounds']} round(s) short of the cohort"
+                 if p.get("cohort_shortfall_rounds") else "")
+        return (f"banded MF: {p['bands']} bands, clip {p['l2_clip_norm']:g}, z "
+                f"{p['noise_multiplier']:.4g}, {who}{short}")
     if p.get("privacy_unit") == "client":
         return (f"client-level: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
                 f"q {p['client_rate']:g}")
@@ -158,6 +167,13 @@ def _privacy_detail(p: dict[str, Any]) -> str:
 
 
 def _amount(p: dict[str, Any]) -> str:
+    if p.get("privacy_unit") == "client" and "bands" in p:
+        u = p["epsilon_unamplified"]
+        against = ("no amplification, it holds against the server" if p["participation"]
+                   != "poisson" else f"against the server, which knows the sample: "
+                   f"{u['epsilon_whole_run']:.4g} for the whole run")
+        return (f"eps {p['epsilon_max']:.4g} for every client (the population's; replace-one "
+                f"{p['epsilon_replace_one']:.4g}; {against})")
     if p.get("privacy_unit") == "client":
         u = p["epsilon_unamplified"]
         k = u["expected_participations"]

@@ -35,13 +35,19 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "adaptive_clip": ("client",), "delta": _PRIVATE, "epsilon_budget": _PRIVATE,
     "noise_for_epsilon": _PRIVATE, "noise_target": ("output", "objective", "record"),
     "allow_unproven": ("objective",), "secure_noise": _PRIVATE,
-    "eval_client_data": _PRIVATE,
+    "eval_client_data": _PRIVATE, "mechanism": ("client",), "bands": ("client",),
+    "participation": ("client",), "groups": ("client",),
+    "min_separation": ("client",),
 }
 #: The defaults of the privacy settings, filled for the models that use them.
 DEFAULTS: dict[str, Any] = {
-    "sensitivity": "replace-one", "l2_clip_norm": 10.0, "stddev": 1.0, "alpha": 20.0,
+    "sensitivity": "replace-one", "stddev": 1.0, "alpha": 20.0,
     "noise_multiplier": 1.0, "server_lr": 1.0, "server_momentum": 0.0, "noise_target": "max",
+    "mechanism": "gaussian",
 }
+#: Client-level mechanisms: ``gaussian`` (DP-FedAvg, Poisson sampling) and ``bandmf``
+#: (banded matrix factorization, :mod:`fl_examples.core.banded`).
+MECHANISMS = ("gaussian", "bandmf")
 WHY = {
     "noise_target": "client-level DP has one epsilon, the population's",
     "noise_multiplier": "output perturbation sets its noise with --sigma, objective "
@@ -116,6 +122,17 @@ class UpcycledConfig:
             CSPRNG instead of the seed (a private run is otherwise a seeded simulation).
         eval_client_data: a private run also evaluates on the clients' training and test data
             (those metrics are listed as not covered by its epsilon).
+        mechanism: ``client`` only: ``gaussian`` (DP-FedAvg: independent noise, Poisson
+            client sampling) or ``bandmf`` (correlated noise from a banded matrix
+            factorization under ``participation``; :mod:`fl_examples.core.banded`).
+        bands: ``bandmf``: b, the strategy's bands (default 4; 1 is DP-FedAvg's noise under
+            the same participation).
+        participation: ``bandmf``: ``minsep`` (cohorts of round(q N) among clients not in
+            the last b - 1 data rounds; default), ``cyclic`` (group t mod g, every member)
+            or ``poisson`` (group t mod g, each member with probability q; amplified).
+        groups: ``bandmf`` with ``cyclic`` or ``poisson``: g, the groups (default: bands).
+        min_separation: ``bandmf`` with ``minsep``: s, data rounds between two participations
+            of a client (default: bands).
 
     The privacy settings left at None take their model's default (:data:`DEFAULTS`); one
     given for a model that does not use it is refused (:data:`APPLIES`), so the recorded
@@ -158,6 +175,11 @@ class UpcycledConfig:
     baseline_iterations: str = "auto"
     secure_noise: bool = False
     eval_client_data: bool = False
+    mechanism: str | None = None
+    bands: int | None = None
+    participation: str | None = None
+    groups: int | None = None
+    min_separation: int | None = None
 
     def __post_init__(self) -> None:
         _validate.nonnegative("mu", self.mu)
@@ -188,6 +210,9 @@ class UpcycledConfig:
         fill = {k: v for k, v in DEFAULTS.items()
                 if not (self.noise_for_epsilon is not None and k == calibrated)}
         check_and_resolve(self, self.privacy, APPLIES, fill, why=WHY)
+        if self.l2_clip_norm is None and self.privacy in APPLIES["l2_clip_norm"]:
+            # the paper's tau for output perturbation; a unit clip for DP-FedAvg and DP-SGD
+            object.__setattr__(self, "l2_clip_norm", 10.0 if self.privacy == "output" else 1.0)
         if self.sensitivity != "strongly-convex":
             for name in ("lipschitz", "feature_norm"):
                 if getattr(self, name) is not None:
@@ -233,9 +258,51 @@ class UpcycledConfig:
             _validate.positive("feature_norm", self.feature_norm)
         if self.privacy == "output" and self.sensitivity == "strongly-convex":
             self._check_strongly_convex()
+        self._check_mechanism()
         if self.baseline_iterations not in ("auto", "half", "same"):
             raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
                                         "auto, half or same")
+
+    def _check_mechanism(self) -> None:
+        """The client-level mechanism and the settings only banded MF uses."""
+        if self.mechanism is None:
+            return
+        if self.mechanism not in MECHANISMS:
+            raise InvalidParameterError("mechanism", self.mechanism, "gaussian or bandmf")
+        banded = ("bands", "participation", "groups", "min_separation")
+        if self.mechanism == "gaussian":
+            for name in banded:
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(name, getattr(self, name),
+                                                "given only with --mechanism bandmf")
+            return
+        if self.adaptive_clip is not None:
+            raise InvalidParameterError("adaptive_clip", self.adaptive_clip,
+                                        "left out with --mechanism bandmf (its sensitivity "
+                                        "is for a fixed clip norm)")
+        if self.bands is None:
+            object.__setattr__(self, "bands", 4)
+        object.__setattr__(self, "bands", _validate.positive_int("bands", self.bands))
+        if self.participation is None:
+            object.__setattr__(self, "participation", "minsep")
+        if self.participation not in ("minsep", "cyclic", "poisson"):
+            raise InvalidParameterError("participation", self.participation,
+                                        "minsep, cyclic or poisson")
+        if self.groups is not None:
+            if self.participation == "minsep":
+                raise InvalidParameterError("groups", self.groups, "given only with "
+                                            "--participation cyclic or poisson")
+            object.__setattr__(self, "groups", _validate.positive_int("groups", self.groups))
+        if self.min_separation is not None:
+            if self.participation != "minsep":
+                raise InvalidParameterError("min_separation", self.min_separation, "given "
+                                            "only with --participation minsep")
+            object.__setattr__(self, "min_separation",
+                               _validate.positive_int("min_separation", self.min_separation))
+        if self.participation == "cyclic" and self.client_rate is not None:
+            raise InvalidParameterError("client_rate", self.client_rate, "left out with "
+                                        "--participation cyclic (every member of the "
+                                        "round's group takes part)")
 
     @property
     def effective_client_rate(self) -> float:

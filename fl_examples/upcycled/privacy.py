@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import privkit
+from fl_examples.core.banded import banded_plan
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.dp_modes import ClientDpPlan, RecordDpPlan, calibrate_record
 from fl_examples.core.dpsgd import DpSgdSettings, steps_per_client
@@ -108,6 +109,8 @@ def planned_steps(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset,
 def _dp_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iterations: int
              ) -> tuple[Any, dict[str, Any]]:
     """The client- or record-level plan, with ``noise_for_epsilon`` calibrated."""
+    if cfg.privacy == "client" and cfg.mechanism == "bandmf":
+        return _banded(algorithm, cfg, ds, iterations)
     if cfg.noise_for_epsilon is None:
         plan = client_plan(cfg, ds) if cfg.privacy == "client" else record_plan(cfg, ds)
         return plan, {}
@@ -139,6 +142,29 @@ def _dp_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteratio
                                  "planned_epsilon": eps}}
 
 
+def _banded(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iterations: int
+            ) -> tuple[Any, dict[str, Any]]:
+    """Banded MF over the run's data rounds (Upcycled-FL's even iterations are free)."""
+    rounds = data_rounds(algorithm, iterations)
+    kw = dict(num_clients=ds.num_clients, rounds=rounds, bands=cfg.bands,
+              participation=cfg.participation, client_rate=cfg.effective_client_rate,
+              groups=cfg.groups, l2_clip_norm=cfg.l2_clip_norm,
+              noise_multiplier=cfg.noise_multiplier, noise_for_epsilon=cfg.noise_for_epsilon,
+              delta=cfg.delta, server_lr=cfg.server_lr, server_momentum=cfg.server_momentum,
+              min_separation=cfg.min_separation)
+    what = (f"{algorithm}'s banded MF ({cfg.bands} bands, {cfg.participation}, {rounds} data "
+            "rounds)")
+    if cfg.noise_for_epsilon is None:
+        with status(f"building {what}"):
+            return banded_plan(**kw)  # type: ignore[arg-type]
+    with status(f"calibrating {what} to epsilon {cfg.noise_for_epsilon:g} (delta "
+                f"{cfg.delta:g})") as line:
+        plan, cal = banded_plan(**kw)  # type: ignore[arg-type]
+        line.done(f"z = {plan.noise_multiplier:.4g} (planned epsilon "
+                  f"{cal['calibrated']['planned_epsilon']:.4g})")
+    return plan, cal
+
+
 def _sum_noise(plan: ClientDpPlan, joint: float, target: float) -> float:
     """The sum's z giving the round the calibrated joint multiplier (adaptive clipping)."""
     assert plan.adaptive is not None
@@ -160,7 +186,7 @@ def _privacy_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, ite
     if cfg.privacy in ("client", "record"):
         return _dp_plan(algorithm, cfg, ds, iterations)
     if cfg.privacy == "objective" and algorithm == "fedavg":
-        raise InvalidParameterError("compare", "fedavg",
+        raise InvalidParameterError("algorithms", "fedavg",
                                     "not combined with objective perturbation (it needs mu > 0)")
     if cfg.noise_for_epsilon is None:
         return _plan_for(cfg, ds, algorithm), {}

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fl_examples.core.banded import BandedDpPlan
 from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.core.dp_modes import charge_entries
 from fl_examples.core.dpsgd import client_streams, local_dpsgd
@@ -113,7 +114,9 @@ class _Run(TrainerRun):
         result: dict[str, Any] = {"history": self.history,
                                   "model": {k: v.detach().cpu() for k, v in self.w.items()}}
         if self.plan is not None and self.ledger is not None:
-            p = self.plan.report(self.ledger, self.ds.num_clients) | self.calibration
+            p = (self.plan.report(self.ledger, self.ds.num_clients, self.server)
+                 if self.banded else self.plan.report(self.ledger, self.ds.num_clients)
+                 ) | self.calibration
             proven = bool(p.get("proven", True))
             public = self.plan.public() if hasattr(self.plan, "public") else [
                 "n_i: every client's record count", "which clients take part in each round "
@@ -146,6 +149,11 @@ class _Run(TrainerRun):
     def client_level(self) -> bool:
         return getattr(self.plan, "kind", None) == "client"
 
+    @property
+    def banded(self) -> bool:
+        """Client level with banded MF (:mod:`fl_examples.core.banded`)."""
+        return isinstance(self.plan, BandedDpPlan)
+
     def _selection(self, r: int) -> tuple[Any, Any]:
         """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers).
 
@@ -153,7 +161,10 @@ class _Run(TrainerRun):
         every client's straggling is drawn on its own (:func:`selection_epochs`), so one
         client's work never depends on who else was sampled."""
         cfg = self.cfg
-        if self.client_level:  # Poisson sampling at rate q
+        if self.banded:  # the participation schema (reads who took part, never writes)
+            sel = self.plan.select(self.tree, r, self.secure,  # type: ignore[union-attr]
+                                   self.server)
+        elif self.client_level:  # Poisson sampling at rate q
             sel = self.plan.select(self.tree, r, self.secure)  # type: ignore[union-attr]
         else:
             sel = sample_clients(self.tree, r, self.ds.num_clients, cfg.fraction)
@@ -260,7 +271,11 @@ class _Run(TrainerRun):
         else:
             local = {k: v.unsqueeze(0)[:0] for k, v in self.w.items()}
         noise = self._charge(r, sel)  # after the updates are known finite, before any noise
-        new = self.plan.release(self.w, local, self.server, noise)  # type: ignore[union-attr]
+        if self.banded:
+            new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
+                                    sel=sel, data_round=r)
+        else:
+            new = self.plan.release(self.w, local, self.server, noise)  # type: ignore[union-attr]
         self.compute += time.perf_counter() - t0
         return new
 
@@ -316,6 +331,10 @@ class _Run(TrainerRun):
             tensors.update({f"server_momentum.{k}": v for k, v in self.server["momentum"].items()})
         if "clip" in self.server:
             extra["server_clip"] = self.server["clip"]
+        if self.banded:  # the noise state (secret) and who took part when
+            t, e = self.plan.state_tensors(self.server)  # type: ignore[union-attr]
+            tensors |= t
+            extra |= e
         return tensors, extra
 
     def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
@@ -328,6 +347,9 @@ class _Run(TrainerRun):
             self.server["momentum"] = {k: tensors[f"server_momentum.{k}"] for k in names}
         if "server_clip" in state:
             self.server["clip"] = float(state["server_clip"])
+        if self.banded:
+            self.plan.load_state_tensors(tensors, state, self.server,  # type: ignore[union-attr]
+                                         self.w)
 
     def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
         """(data round, client id, count, canonical event JSON) of each entry iteration ``t``

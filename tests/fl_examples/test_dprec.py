@@ -36,8 +36,8 @@ def test_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "dprec", "--dataset", "digits", "--clients", "20",
                "--clients-per-round", "4", "--bits", "4", "--groups", "per-layer",
-               "--l2-clip", "0.5", "--stddev", "1.0", "--rounds", "3", "--eval-every", "1",
-               "--compare", "dpfedavg", "--device", "cpu", "--out", str(out), "--json"])
+               "--clip", "0.5", "--stddev", "1.0", "--rounds", "3", "--eval-every", "1",
+               "--algorithms", "dprec,dpfedavg", "--device", "cpu", "--out", str(out), "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     rep = json.loads((out / "report.json").read_text())

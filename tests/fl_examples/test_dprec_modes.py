@@ -114,7 +114,8 @@ def _without_dprec(**over):
 def test_settings_of_an_algorithm_that_does_not_run_are_refused():
     with pytest.raises(InvalidParameterError, match="bits must be given only when DP-REC runs"):
         train(DPRecConfig(**SMALL), algorithm="fedavg", compare=())
-    with pytest.raises(InvalidParameterError, match="stddev must be left out with --epsilon"):
+    with pytest.raises(InvalidParameterError,
+                       match="stddev must be left out with --noise-for-epsilon"):
         train(DPRecConfig(**(SMALL | {"epsilon": 4.0, "stddev": 2.0})))
     with pytest.raises(InvalidParameterError, match="dpfedavg_noise must be given only"):
         train(DPRecConfig(**(SMALL | {"dpfedavg_noise": 2.0})), compare=())
@@ -197,7 +198,8 @@ def test_bad_mode_settings_name_the_argument(kwargs, name):
 
 @pytest.mark.parametrize("args,flag", [
     (["--client-rate", "0"], "--client-rate"), (["--client-rate", "2"], "--client-rate"),
-    (["--server-momentum", "1"], "--server-momentum"), (["--epsilon", "-1"], "--epsilon"),
+    (["--server-momentum", "1"], "--server-momentum"),
+    (["--noise-for-epsilon", "-1"], "--noise-for-epsilon"),
     (["--relation", "add-remove"], "--relation"),  # DP-REC runs by default
 ])
 def test_cli_bad_mode_flags_exit_2(args, flag, tmp_path, capsys):

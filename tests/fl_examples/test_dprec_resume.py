@@ -45,8 +45,8 @@ TINY = dict(clients=10, clients_per_round=6, rounds=6, bits=4, eval_every=1, lr=
             device="cpu", dpfedavg_noise=2.0, checkpoint_every=2)
 ARGV = ["train", "dprec", "--dataset", "digits", "--clients", "10", "--clients-per-round", "6",
         "--rounds", "6", "--bits", "4", "--eval-every", "1", "--lr", "0.2",
-        "--dpfedavg-noise", "2.0", "--device", "cpu", "--checkpoint-every", "2",
-        "--threads", "1", "--compare", "dpfedavg"]
+        "--noise-multiplier", "2.0", "--device", "cpu", "--checkpoint-every", "2",
+        "--threads", "1", "--algorithms", "dprec,dpfedavg"]
 ALGS = ("dprec", "dpfedavg")
 
 

@@ -303,7 +303,7 @@ def test_amplification_is_refused_without_the_poisson_sampler(tmp_path, capsys):
         MapaConfig(**SMALL, amplification=True)
     with pytest.raises(InvalidParameterError, match="batch_sampler"):
         MapaConfig(**SMALL, batch_sampler="shuffle")
-    argv = ["train", "mapa", "--edges", "6", "--updates", "5", "--amplification",
+    argv = ["train", "mapa", "--clients", "6", "--rounds", "5", "--amplification",
             "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -440,17 +440,17 @@ def test_bad_data_is_named(digits8):
 
 def test_cli_runs_and_refuses_bad_input(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", "mapa", "--algorithms", "mapa,audp,asgd", "--edges", "6", "--epsilon",
-            "2", "--batch", "12", "--updates", "60", "--eval-every", "30",
+    argv = ["train", "mapa", "--algorithms", "mapa,audp,asgd", "--clients", "6", "--upload-epsilon",
+            "2", "--batch", "12", "--rounds", "60", "--eval-every", "30",
             "--speed-dist", "lognormal:0,1", "--out", str(out), "--json"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary["algorithms"]) == {"mapa", "audp", "asgd"}
     assert summary["algorithms"]["mapa"]["updates"] == 60
     assert "per_update_epsilon_paper" in summary["algorithms"]["audp"]["privacy"]
-    for bad in (["--epsilon", "0"], ["--batch", "0"], ["--theta", "1"], ["--delta", "0"],
-                ["--epsilon", "a,b"]):
-        argv2 = ["train", "mapa", "--edges", "6", "--updates", "5", "--out",
+    for bad in (["--upload-epsilon", "0"], ["--batch", "0"], ["--theta", "1"], ["--delta", "0"],
+                ["--upload-epsilon", "a,b"]):
+        argv2 = ["train", "mapa", "--clients", "6", "--rounds", "5", "--out",
                  str(tmp_path / "bad")] + bad
         assert main(argv2) == 2
         err = capsys.readouterr().err.strip().splitlines()

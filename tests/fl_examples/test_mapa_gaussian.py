@@ -279,8 +279,8 @@ def test_asgd_default_step_learns_on_digits():
 
 def test_cli_runs_the_gaussian_mode(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", "mapa", "--noise", "gaussian", "--noise-for-epsilon", "8", "--edges", "6",
-            "--batch", "12", "--updates", "40", "--eval-every", "20", "--out", str(out),
+    argv = ["train", "mapa", "--noise", "gaussian", "--noise-for-epsilon", "8", "--clients", "6",
+            "--batch", "12", "--rounds", "40", "--eval-every", "20", "--out", str(out),
             "--algorithms", "audp,asgd", "--json"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)["algorithms"]
@@ -310,12 +310,12 @@ def test_cli_runs_the_gaussian_mode(tmp_path, capsys):
     (["--batch", "0"], "--batch"),
     (["--batch-sampler", "distinct"], "--batch-sampler"),
     (["--amplification"], "--amplification"),
-    (["--epsilon", "2"], "--epsilon"), (["--audp-clip", "2"], "--audp-clip"),
+    (["--upload-epsilon", "2"], "--upload-epsilon"), (["--audp-clip", "2"], "--audp-clip"),
     (["--lr", "0"], "--lr"), (["--lr", "nan"], "--lr"),
 ])
 def test_bad_gaussian_input_names_the_flag(extra, flag, tmp_path, capsys):
     out = tmp_path / "x"
-    argv = ["train", "mapa", "--noise", "gaussian", "--edges", "6", "--updates", "5",
+    argv = ["train", "mapa", "--noise", "gaussian", "--clients", "6", "--rounds", "5",
             "--out", str(out)] + extra
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

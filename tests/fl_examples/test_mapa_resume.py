@@ -221,8 +221,8 @@ def test_older_checkpoint_and_older_ledger_are_refused(digits8, tmp_path, monkey
 
 
 # --------------------------------------------------------------------- SIGKILL, subprocess
-ARGV = ["train", "mapa", "--algorithms", "mapa,audp", "--dataset", "digits", "--edges", "8",
-        "--batch", "16", "--updates", "150", "--eval-every", "25", "--epsilon", "2",
+ARGV = ["train", "mapa", "--algorithms", "mapa,audp", "--dataset", "digits", "--clients", "8",
+        "--batch", "16", "--rounds", "150", "--eval-every", "25", "--upload-epsilon", "2",
         "--tau-max", "6", "--checkpoint-every", "15", "--seed", "3"]
 
 

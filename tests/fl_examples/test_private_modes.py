@@ -354,7 +354,7 @@ def test_record_mode_learns_and_resumes_without_double_charging(tmp_path, digits
     (["--privacy", "output", "--lipschitz", "3"], "--lipschitz"),
 ])
 def test_cli_bad_flags_name_the_flag(tmp_path, capsys, flags, needle):
-    rc = main(["train", "upcycled", "--dataset", "digits:3", "--iterations", "2",
+    rc = main(["train", "upcycled", "--dataset", "digits:3", "--rounds", "2",
                "--out", str(tmp_path / "o"), *flags])
     err = capsys.readouterr().err
     assert rc == 2, err

@@ -210,7 +210,7 @@ def test_heldout_sets_are_no_clients_data():
 def test_the_report_json_of_a_private_run_lists_what_it_does_not_cover(tmp_path):
     from privkit.cli import main
 
-    rc = main(["train", "upcycled", "--dataset", "digits:3", "--iterations", "2",
+    rc = main(["train", "upcycled", "--dataset", "digits:3", "--rounds", "2",
                "--epochs", "1", "--privacy", "record", "--clip", "1", "--noise-multiplier",
                "1", "--device", "cpu", "--out", str(tmp_path / "o"), "--quiet"])
     assert rc == 0

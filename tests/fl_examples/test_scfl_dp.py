@@ -123,10 +123,10 @@ def test_bad_settings_name_the_argument(kwargs, name):
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (["--gradient-noise-multiplier", "0"], "--gradient-noise-multiplier"),
-    (["--gradient-noise-multiplier", "1", "--batch-sampling", "fixed"], "--batch-sampling"),
-    (["--gradient-noise-multiplier", "1", "--gradient-clip", "-1"], "--gradient-clip"),
-    (["--gradient-noise-for-epsilon", "inf"], "--gradient-noise-for-epsilon"),
+    (["--noise-multiplier", "0"], "--noise-multiplier"),
+    (["--noise-multiplier", "1", "--batch-sampling", "fixed"], "--batch-sampling"),
+    (["--noise-multiplier", "1", "--clip", "-1"], "--clip"),
+    (["--noise-for-epsilon", "inf"], "--noise-for-epsilon"),
 ])
 def test_cli_names_the_flag(tmp_path, capsys, flags, needle):
     rc = main(["train", "scfl", "--dataset", "digits:3", "--clients", "8", "--rounds", "2",

@@ -155,9 +155,9 @@ def test_demo_and_console_script(tmp_path):
 
 def test_train_upcycled_cli(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "upcycled", "--dataset", "digits:3", "--iterations", "4",
-                 "--epochs", "2", "--compare", "fedprox,fedavg", "--device", "cpu", "--seed",
-                 "1", "--out", str(out), "--json"])
+    code = main(["train", "upcycled", "--dataset", "digits:3", "--rounds", "4",
+                 "--epochs", "2", "--algorithms", "upcycled,fedprox,fedavg", "--device", "cpu",
+                 "--seed", "1", "--out", str(out), "--json"])
     assert code == 0
     obj = json.loads(capsys.readouterr().out)
     assert set(obj) == {"upcycled", "fedprox", "fedavg"}
@@ -167,9 +167,9 @@ def test_train_upcycled_cli(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,name", [
     (["--mu", "-1"], "mu"), (["--lam", "-0.5"], "lam"), (["--fraction", "0"], "fraction"),
-    (["--stragglers", "1"], "stragglers"), (["--iterations", "0"], "iterations"),
-    (["--dataset", "imagenet"], "dataset"), (["--compare", "scaffold"], "compare"),
-    (["--iterations", "2.5"], "iterations"), (["--device", "tpu"], "device"),
+    (["--stragglers", "1"], "stragglers"), (["--rounds", "0"], "rounds"),
+    (["--dataset", "imagenet"], "dataset"), (["--algorithms", "upcycled,scaffold"], "algorithms"),
+    (["--rounds", "2.5"], "rounds"), (["--device", "tpu"], "device"),
 ])
 def test_train_bad_input_one_line_exit_2(args, name, tmp_path, capsys):
     code = main(["train", "upcycled", "--out", str(tmp_path / "x"), *args])
@@ -224,7 +224,7 @@ sys.exit(main({argv!r}))
 
 @pytest.mark.parametrize("blocked", [("fl_examples",), ("torch",)],
                          ids=["no-trainers", "no-torch"])
-@pytest.mark.parametrize("argv", [["train", "upcycled", "--iterations", "2"],
+@pytest.mark.parametrize("argv", [["train", "upcycled", "--rounds", "2"],
                                   ["report", "tradeoff", "runs"], ["demo"]],
                          ids=["train", "report", "demo"])
 def test_commands_without_the_examples_extra_print_one_line_and_exit_2(blocked, argv,

@@ -184,7 +184,7 @@ def test_train_quiet_turns_the_progress_bar_off(monkeypatch, tmp_path, capsys):
         return seen[-1]
 
     monkeypatch.setattr(report, "progress_disabled", spy)
-    argv = ["train", "upcycled", "--dataset", "digits:3", "--iterations", "2", "--epochs", "1",
+    argv = ["train", "upcycled", "--dataset", "digits:3", "--rounds", "2", "--epochs", "1",
             "--device", "cpu"]
     assert main([*argv, "--out", str(tmp_path / "a"), "--quiet"]) == 0
     assert seen and all(s is True for s in seen)
@@ -243,9 +243,9 @@ sys.exit(main({argv!r}))
 
 
 @pytest.mark.parametrize("blocked, argv", [
-    ("sklearn", ["train", "upcycled", "--dataset", "digits:3", "--iterations", "2"]),
+    ("sklearn", ["train", "upcycled", "--dataset", "digits:3", "--rounds", "2"]),
     ("tqdm", ["train", "scfl", "--rounds", "2", "--clients", "3"]),
-    ("safetensors", ["train", "upcycled", "--iterations", "2", "--checkpoint-every", "1"]),
+    ("safetensors", ["train", "upcycled", "--rounds", "2", "--checkpoint-every", "1"]),
     ("matplotlib", ["demo"]),
     ("tqdm", ["demo", "--json"]),
 ])

@@ -64,7 +64,7 @@ def _cli(*argv: str) -> Callable[[Path, Ledger], Any]:
 
 
 def _train(*argv: str) -> Callable[[Path, Ledger], Any]:
-    base = ("train", "upcycled", "--dataset", "digits:3", "--iterations", "2", "--epochs", "1",
+    base = ("train", "upcycled", "--dataset", "digits:3", "--rounds", "2", "--epochs", "1",
             "--device", "cpu", "--out", "{tmp}/run")
     return _cli(*base, *argv)
 
@@ -134,11 +134,11 @@ _ZERO_USERS = {"users": [], "num_samples": [], "user_data": {}}
 
 #: A short, valid run of each trainer (without --out).
 _TRAINERS = {
-    "upcycled": ("--dataset", "digits:3", "--iterations", "2", "--epochs", "1", "--device", "cpu"),
-    "mapa": ("--algorithms", "audp", "--edges", "4", "--updates", "10", "--eval-every", "5"),
+    "upcycled": ("--dataset", "digits:3", "--rounds", "2", "--epochs", "1", "--device", "cpu"),
+    "mapa": ("--algorithms", "audp", "--clients", "4", "--rounds", "10", "--eval-every", "5"),
     "scfl": ("--clients", "4", "--coded-rows", "20", "--rounds", "2", "--algorithms", "scfl"),
     "dprec": ("--clients", "10", "--clients-per-round", "4", "--rounds", "2", "--bits", "4",
-              "--compare", "", "--device", "cpu"),
+              "--algorithms", "dprec", "--device", "cpu"),
 }
 
 
@@ -188,7 +188,7 @@ def _train_mnist(tmp: Path, led: Ledger) -> Any:
     d.mkdir(exist_ok=True)
     (d / "train-images-idx3-ubyte").write_bytes(_idx_bytes(_IMG[:0]))
     (d / "train-labels-idx1-ubyte").write_bytes(_idx_bytes(_LAB[:0]))
-    return main(["train", "upcycled", "--dataset", f"mnist:{d}", "--iterations", "2",
+    return main(["train", "upcycled", "--dataset", f"mnist:{d}", "--rounds", "2",
                  "--out", str(tmp / "run")])
 
 

@@ -6,7 +6,7 @@ from privkit.cli import main
 
 def test_a_run_without_out_writes_a_new_timestamped_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    argv = ["train", "upcycled", "--dataset", "digits:3", "--iterations", "1", "--epochs", "1",
+    argv = ["train", "upcycled", "--dataset", "digits:3", "--rounds", "1", "--epochs", "1",
             "--device", "cpu", "--quiet"]
     assert main(argv) == 0
     assert main(argv) == 0  # a second run never lands in the first one's directory
@@ -17,7 +17,7 @@ def test_a_run_without_out_writes_a_new_timestamped_directory(tmp_path, monkeypa
 
 def test_resume_needs_out(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "mapa", "--updates", "5", "--resume"]) == 2
+    assert main(["train", "mapa", "--rounds", "5", "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out" in err[0] and "--resume" in err[0]
     assert not (tmp_path / "runs").exists()

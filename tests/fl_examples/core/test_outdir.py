@@ -25,15 +25,15 @@ from privkit.ledger import Ledger
 
 #: A short private run of each trainer (without --out) and the ledgers it writes.
 TRAINERS = {
-    "upcycled": (("train", "upcycled", "--dataset", "digits:3", "--iterations", "2", "--epochs",
+    "upcycled": (("train", "upcycled", "--dataset", "digits:3", "--rounds", "2", "--epochs",
                   "1", "--device", "cpu", "--privacy", "output", "--sigma", "5"),
                  ("ledger-upcycled.jsonl",)),
-    "mapa": (("train", "mapa", "--algorithms", "audp", "--edges", "4", "--updates", "10",
+    "mapa": (("train", "mapa", "--algorithms", "audp", "--clients", "4", "--rounds", "10",
               "--eval-every", "5"), ("ledger-audp.jsonl",)),
     "scfl": (("train", "scfl", "--clients", "4", "--coded-rows", "20", "--rounds", "2",
               "--algorithms", "scfl"), ()),
     "dprec": (("train", "dprec", "--clients", "10", "--clients-per-round", "4", "--rounds", "2",
-               "--bits", "4", "--compare", "", "--device", "cpu"), ("ledger-dprec.jsonl",)),
+               "--bits", "4", "--algorithms", "dprec", "--device", "cpu"), ("ledger-dprec.jsonl",)),
 }
 
 
@@ -125,7 +125,7 @@ def test_resume_needs_a_run_and_out_a_path(tmp_path, capsys):
 
 def test_a_failed_run_leaves_a_new_or_empty_out_as_it_was(tmp_path, capsys):
     # a run that diverges before anything is charged (no privacy): exit status 1
-    bad = ["train", "upcycled", "--dataset", "digits:3", "--iterations", "2", "--epochs", "1",
+    bad = ["train", "upcycled", "--dataset", "digits:3", "--rounds", "2", "--epochs", "1",
            "--device", "cpu", "--lr", "1e30"]
     (tmp_path / "empty").mkdir()
     for out in (tmp_path / "empty", tmp_path / "new" / "deeper"):
@@ -158,14 +158,14 @@ def test_prepare_out_and_the_writable_checks(tmp_path):
 
 # ---------------------------------------------------------------------------- divergence
 DIVERGING = {
-    "upcycled": ("train", "upcycled", "--dataset", "digits:3", "--iterations", "4", "--epochs",
+    "upcycled": ("train", "upcycled", "--dataset", "digits:3", "--rounds", "4", "--epochs",
                  "1", "--device", "cpu", "--model", "mlp", "--lr", "1e3"),
-    "mapa": ("train", "mapa", "--algorithms", "mapa", "--variance", "paper", "--edges", "6",
-             "--updates", "100", "--eval-every", "20"),
+    "mapa": ("train", "mapa", "--algorithms", "mapa", "--variance", "paper", "--clients", "6",
+             "--rounds", "100", "--eval-every", "20"),
     "scfl": ("train", "scfl", "--dataset", "digits", "--clients", "5", "--coded-rows", "50",
              "--lr", "1e9", "--rounds", "30", "--algorithms", "fl-pma"),
     "dprec": ("train", "dprec", "--clients", "10", "--clients-per-round", "4", "--rounds", "4",
-              "--bits", "4", "--compare", "", "--device", "cpu", "--server-lr", "1e4"),
+              "--bits", "4", "--algorithms", "dprec", "--device", "cpu", "--server-lr", "1e4"),
 }
 
 

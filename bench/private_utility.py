@@ -6,9 +6,17 @@ Sections (``--sections``, comma-separated; all by default):
 - ``client``: client-level DP-FedAvg (``--privacy client``) in Upcycled-FL and FedProx on
   2000 Synthetic clients (at most 500 records each, logistic regression), Poisson client
   rate q = 0.05, delta = 1e-5, the same number of data rounds for both (Upcycled-FL's even
-  iterations are free). Two data sets: ``synthetic:iid`` (one shared model: learnable) and
+  iterations are free), and FedProx once more with as many iterations as Upcycled-FL
+  (``fedprox (equal iterations)``: twice the data rounds, so more noise per round at the
+  same epsilon). Two data sets: ``synthetic:iid`` (one shared model: learnable) and
   the issue's ``synthetic:0.5,0.5``, where every client draws its own random model; the
   centralised logistic-regression ceiling is printed beside it.
+- ``bandmf``: banded matrix factorization (``--mechanism bandmf``) against DP-FedAvg under
+  the same participation, FedAvg, at epsilon 2, 4 and 8: min-separation cohorts and cyclic
+  groups (both unamplified; DP-FedAvg as b = 1 under the same schema), and amplified banded
+  MF (cyclic groups with Poisson sampling inside) against DP-FedAvg with Poisson sampling
+  (amplified), the same expected cohort; ``synthetic:iid`` over 2000 clients and digits over
+  200, 3 seeds each.
 - ``record``: record-level DP-SGD (``--privacy record``) in Upcycled-FL and FedProx on digits
   over 6 clients (about 270 records each), delta = 1e-5, beside the paper's output
   perturbation (sound replace-one sensitivity) at the same epsilon.
@@ -53,9 +61,12 @@ from fl_examples.core.data import parse_dataset_spec  # noqa: E402
 from fl_examples.upcycled import UpcycledConfig, run_algorithm  # noqa: E402
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
-SECTION_ORDER = ["client", "record", "scfl", "mapa", "dprec", "opacus"]
+SECTION_ORDER = ["client", "bandmf", "record", "scfl", "mapa", "dprec", "opacus"]
 FIELDS = ["section", "dataset", "algorithm", "privacy", "target_epsilon", "epsilon",
-          "delta", "heldout_accuracy", "seeds", "seconds", "note"]
+          "delta", "heldout_accuracy", "accuracy_se", "seeds", "seconds", "note"]
+
+#: The standard error over seeds of the last :func:`_fl` call's accuracy (for the rows).
+_LAST_SE: list[float] = [float("nan")]
 
 
 def _row(**kw: Any) -> dict[str, Any]:
@@ -64,10 +75,16 @@ def _row(**kw: Any) -> dict[str, Any]:
     return out
 
 
+#: FedProx run for as many iterations as Upcycled-FL (twice the data rounds): the
+#: equal-iterations comparison beside the equal-data-rounds one.
+EQUAL_ITERATIONS = "fedprox (equal iterations)"
+
+
 def _fl(alg: str, cfg: UpcycledConfig, ds: Any, data_rounds: int, seeds: int
         ) -> tuple[float, float, float, float]:
     """(mean held-out accuracy, mean epsilon_max, delta, seconds) over seeds."""
-    it = 2 * data_rounds - 1 if alg == "upcycled" else data_rounds
+    it = 2 * data_rounds - 1 if alg in ("upcycled", EQUAL_ITERATIONS) else data_rounds
+    alg = "fedprox" if alg == EQUAL_ITERATIONS else alg
     accs, eps, delta = [], [], float("nan")
     t0 = time.perf_counter()
     for seed in range(seeds):
@@ -77,6 +94,8 @@ def _fl(alg: str, cfg: UpcycledConfig, ds: Any, data_rounds: int, seeds: int
         if "privacy" in r:
             eps.append(r["privacy"]["epsilon_max"])
             delta = r["privacy"]["delta"]
+    _LAST_SE[0] = float(np.std(accs, ddof=1) / math.sqrt(len(accs))) if len(accs) > 1 \
+        else float("nan")
     return (float(np.mean(accs)), float(np.mean(eps)) if eps else float("nan"), delta,
             time.perf_counter() - t0)
 
@@ -101,7 +120,9 @@ def client_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                     momentum=0.5, stragglers=0.0, fraction=0.05, device="cpu",
                     eval_every=10**6)
         note = f"{rounds} data rounds, q 0.05, clip 3; centralised LR ceiling {ceiling:.3f}"
-        for alg in ("upcycled", "fedprox"):
+        algs = ("upcycled", "fedprox") + ((EQUAL_ITERATIONS,) if spec.startswith(
+            "synthetic:iid") else ())
+        for alg in algs:
             acc, _, _, secs = _fl(alg, UpcycledConfig(**base), ds, rounds, seeds)
             rows.append(_row(section="client", dataset=spec, algorithm=alg, privacy="none",
                              heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
@@ -114,6 +135,102 @@ def client_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                                  privacy="client", target_epsilon=e, epsilon=eps, delta=d,
                                  heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
                 _show(rows[-1])
+    return rows
+
+
+#: Banded MF runs: (label, settings). b = 1 is DP-FedAvg's independent noise under the same
+#: participation (unamplified: its only sound price there); ``gaussian`` is DP-FedAvg with
+#: Poisson sampling (amplified).
+def _banded_settings(bands: int, amp_bands: int, q: float) -> list[tuple[str, str, dict]]:
+    return [
+        ("minsep", f"bandmf b={bands}", dict(mechanism="bandmf", bands=bands,
+                                             participation="minsep", client_rate=q)),
+        ("minsep", "dpfedavg (b=1)", dict(mechanism="bandmf", bands=1, min_separation=bands,
+                                          participation="minsep", client_rate=q)),
+        ("cyclic", f"bandmf b={bands}", dict(mechanism="bandmf", bands=bands, groups=bands,
+                                             participation="cyclic")),
+        ("cyclic", "dpfedavg (b=1)", dict(mechanism="bandmf", bands=1, groups=bands,
+                                          participation="cyclic")),
+        ("poisson", f"bandmf b={amp_bands}", dict(mechanism="bandmf", bands=amp_bands,
+                                                  groups=amp_bands, participation="poisson",
+                                                  client_rate=min(1.0, q * amp_bands))),
+        ("poisson", "bandmf b by RMSE", {}),  # filled per epsilon: _rmse_bands
+        ("poisson", "dpfedavg (Poisson)", dict(mechanism="gaussian", client_rate=q)),
+    ]
+
+
+def _rmse_bands(rounds: int, q: float, epsilon: float, delta: float,
+                candidates: tuple[int, ...] = (1, 2, 4, 8, 16)) -> tuple[int, float]:
+    """Amplified banded MF's b (= its groups, each member at rate q b: the expected cohort of
+    DP-FedAvg at q) minimising the prefix sums' RMSE z(b) * workload_error(b) at the target
+    epsilon: a choice from public settings only, as Choquette-Choo et al. (NeurIPS 2023)
+    choose b. b = 1 is DP-FedAvg with Poisson sampling."""
+    from privkit.accountants.bandmf import CyclicPoisson, calibrate_bandmf
+    from privkit.mechanisms.bandmf import BandedToeplitzStrategy
+
+    best: tuple[float, int] | None = None
+    for b in candidates:
+        if b > rounds or q * b > 1:
+            continue
+        st = BandedToeplitzStrategy.identity() if b == 1 else \
+            BandedToeplitzStrategy.optimized(b, rounds)
+        z = calibrate_bandmf(st, target_epsilon=epsilon, delta=delta, rounds=rounds,
+                             participation=CyclicPoisson(b, q * b)).noise_multiplier
+        rmse = z * st.workload_error(rounds)
+        if best is None or rmse < best[0]:
+            best = (rmse, b)
+    assert best is not None
+    return best[1], best[0]
+
+
+def bandmf_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, Any]]:
+    """Banded MF (DP-FTRL) against DP-FedAvg under the same participation, FedAvg.
+
+    ``minsep``: cohorts of q N among clients not in the last b - 1 rounds; ``cyclic``: b
+    groups by id, round t serves group t mod b; both priced without amplification (the
+    server knows who took part), DP-FedAvg as b = 1 under the same schema. ``poisson``:
+    amplified banded MF (b groups, each member with probability q b) against DP-FedAvg with
+    Poisson sampling at q over everyone (the same expected cohort)."""
+    eps_here = tuple(e for e in epsilons if e >= 2) or epsilons
+    setups = [
+        # (spec, data rounds, q, clip, local epochs, batch, lr, bands, amplified bands, seeds)
+        ("synthetic:iid@2000/500", 30 if quick else 100, 0.05, 3.0, 5, 32, 0.05, 16, 8,
+         1 if quick else 3),
+        ("digits:iid@200", 30 if quick else 60, 0.1, 1.0, 5, 16, 0.1, 8, 8,
+         1 if quick else 3),
+    ]
+    rows = []
+    for spec, rounds, q, clip, epochs, batch, lr, bands, amp, seeds in setups:
+        ds = parse_dataset_spec(spec, seed=0)
+        base = dict(dataset=spec, mu=0.01, lam=0.04, local_epochs=epochs, batch_size=batch,
+                    lr=lr, momentum=0.5, stragglers=0.0, fraction=q, device="cpu",
+                    eval_every=10**6)
+        note = (f"FedAvg, {rounds} data rounds, expected cohort {q * ds.num_clients:g}, clip "
+                f"{clip:g}, {seeds} seed(s)")
+        acc, _, _, secs = _fl("fedavg", UpcycledConfig(**base), ds, rounds, seeds)
+        rows.append(_row(section="bandmf", dataset=spec, algorithm="fedavg", privacy="none",
+                         heldout_accuracy=acc, accuracy_se=_LAST_SE[0], seeds=seeds,
+                         seconds=secs, note=note))
+        _show(rows[-1])
+        for part, label, kw in _banded_settings(bands, amp, q):
+            for e in eps_here:
+                extra = ""
+                if not kw:  # b chosen from public settings by the prefix sums' RMSE
+                    b, rmse = _rmse_bands(rounds, q, e, 1e-5)
+                    extra = f"; b = {b} by RMSE ({rmse:.3g})"
+                    kw = dict(mechanism="gaussian", client_rate=q) if b == 1 else dict(
+                        mechanism="bandmf", bands=b, groups=b, participation="poisson",
+                        client_rate=q * b)
+                cfg = UpcycledConfig(**base, privacy="client", noise_for_epsilon=e,
+                                     l2_clip_norm=clip, **kw)
+                acc, eps, d, secs = _fl("fedavg", cfg, ds, rounds, seeds)
+                rows.append(_row(section="bandmf", dataset=spec, algorithm=label,
+                                 privacy=part, target_epsilon=e, epsilon=eps, delta=d,
+                                 heldout_accuracy=acc, accuracy_se=_LAST_SE[0], seeds=seeds,
+                                 seconds=secs, note=note + extra))
+                _show(rows[-1])
+                if extra:
+                    kw = {}
     return rows
 
 
@@ -311,8 +428,12 @@ def opacus_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
 def _show(r: dict[str, Any]) -> None:
     e = ("" if r["target_epsilon"] == ""
          else f"eps {r['epsilon']:.3f} (target {r['target_epsilon']:g})")
-    print(f"  {r['section']:<7} {r['dataset']:<28} {r['algorithm']:<16} {r['privacy']:<7} "
-          f"{e:<26} acc {r['heldout_accuracy']:.4f}  {r['seconds']:.1f} s", flush=True)
+    se = r.get("accuracy_se")
+    se_text = f" (s.e. {se:.4f})" if isinstance(se, float) and math.isfinite(se) else ""
+    print(f"  {r['section']:<7} {r['dataset']:<28} {r['algorithm']:<18} {r['privacy']:<7} "
+          f"{e:<26} acc {r['heldout_accuracy']:.4f}{se_text}  {r['seconds']:.1f} s"
+          + (f"  [{r['note'].split('; ', 1)[1]}]" if "; b = " in str(r.get("note")) else ""),
+          flush=True)
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -367,7 +488,8 @@ def main() -> None:
                     help="fewer rounds and seeds, epsilon 1 and 8 only (make bench)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    sections = {"client": client_section, "record": record_section, "scfl": scfl_section,
+    sections = {"client": client_section, "bandmf": bandmf_section, "record": record_section,
+                "scfl": scfl_section,
                 "mapa": mapa_section, "dprec": dprec_section, "opacus": opacus_section}
     chosen = [s.strip() for s in a.sections.split(",") if s.strip()]
     for s in chosen:
@@ -402,7 +524,7 @@ def _summary(rows: list[dict[str, Any]]) -> None:
     ref = {(r["section"], r["dataset"], r["algorithm"]): r["heldout_accuracy"]
            for r in rows if r["privacy"] == "none"}
     eps = sorted({r["target_epsilon"] for r in rows if r["target_epsilon"] != ""})
-    print(f"\n{'section':<7} {'dataset':<28} {'algorithm':<16} {'privacy':<7} "
+    print(f"\n{'section':<7} {'dataset':<28} {'algorithm':<18} {'privacy':<7} "
           + " ".join(f"{'eps ' + format(e, 'g'):>8}" for e in eps) + f" {'non-priv':>8}")
     for k in keys:
         accs = {r["target_epsilon"]: r["heldout_accuracy"] for r in rows
@@ -412,7 +534,7 @@ def _summary(rows: list[dict[str, Any]]) -> None:
             same = [v for (sec, ds, _), v in ref.items() if (sec, ds) == k[:2]]
             nonpriv = same[0] if len(same) == 1 else None
         cells = " ".join(f"{accs[e]:>8.3f}" if e in accs else f"{'':>8}" for e in eps)
-        print(f"{k[0]:<7} {k[1]:<28} {k[2]:<16} {k[3]:<7} {cells} "
+        print(f"{k[0]:<7} {k[1]:<28} {k[2]:<18} {k[3]:<7} {cells} "
               + (f"{nonpriv:>8.3f}" if nonpriv is not None and not math.isnan(nonpriv)
                  else f"{'':>8}"))
 

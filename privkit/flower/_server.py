@@ -12,8 +12,10 @@ and evaluation passed through.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from logging import DEBUG, INFO, WARNING
 from typing import Any
@@ -244,6 +246,21 @@ class ServerSideDP(Strategy):
         return {k: (np.stack([r[k] for r in rows]) if rows
                     else np.zeros((0,) + v.shape, np.float64)) for k, v in glob.items()}
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _inner_counts_hidden() -> Iterator[None]:
+        """Hide the inner strategy's node-count lines while it configures or aggregates
+        training for the wrapper: its "Sampled 20 nodes" is the cohort it proposed (the
+        wrapper sends to a sample of it) and its "Received 1 results" is the wrapper's one
+        synthetic reply; the wrapper logs what it really sent and released."""
+        logger = logging.getLogger("flwr")
+        hide = _InnerCounts()
+        logger.addFilter(hide)
+        try:
+            yield
+        finally:
+            logger.removeFilter(hide)
+
     def _aggregate_mean(self, server_round: int, sent: _Round, mean: dict[str, np.ndarray]
                         ) -> tuple[ArrayRecord | None, dict[str, Any]]:
         """The inner strategy's ``aggregate_train`` of one synthetic reply, the model
@@ -256,7 +273,8 @@ class ServerSideDP(Strategy):
                               keys.to_record(new),
                               keys.METRICS: MetricRecord({weight_key: 1})})
         synthetic = Message(content, reply_to=sent.template)
-        arrays, metrics = strategy.aggregate_train(server_round, [synthetic])
+        with self._inner_counts_hidden():
+            arrays, metrics = strategy.aggregate_train(server_round, [synthetic])
         return arrays, {k: v for k, v in dict(metrics or {}).items() if k != keys.CLIENTS}
 
     # -- evaluate (not private: passed through) ---------------------------------------------
@@ -269,6 +287,18 @@ class ServerSideDP(Strategy):
                            ) -> MetricRecord | None:
         """The inner strategy's aggregation of evaluation replies."""
         return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+class _InnerCounts(logging.Filter):
+    """Drops Flower strategies' INFO lines ``configure_train: Sampled N nodes (out of M)``
+    and ``aggregate_train: Received N results and F failures`` (evaluation lines pass)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != INFO:
+            return True
+        text = record.getMessage()
+        return not (text.startswith("configure_train: Sampled ")
+                    or text.startswith("aggregate_train: Received "))
 
 
 def _confirmed_clip(msg: Message, clip: float) -> bool:

@@ -310,7 +310,8 @@ class BandedClientLevelDP(ServerSideDP):
         if not free and self._over_budget(server_round, event):
             return []
         nodes = self._nodes(grid)
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        with self._inner_counts_hidden():  # the inner cohort is a proposal
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not messages:  # the inner strategy trains nobody: not a release, free
             self._skipped = server_round
             return []

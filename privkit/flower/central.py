@@ -257,7 +257,8 @@ class ClientLevelDP(ServerSideDP):
         if self._over_budget(server_round, event):
             return []
         nodes = self._nodes(grid)
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        with self._inner_counts_hidden():  # the inner cohort is a proposal
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not messages:  # the inner strategy trains nobody: post-processing, free
             self._skipped = server_round
             return []
@@ -309,6 +310,8 @@ class ClientLevelDP(ServerSideDP):
         mean = ClientLevelGaussian.mean(noisy, self.expected_clients)
         # the inner strategy counted one reply (the synthetic one): no real client count
         arrays, inner = self._aggregate_mean(server_round, sent, mean)
+        log(INFO, "ClientLevelDP: round %d released the noisy sum over q N = %.4g (the "
+            "replies' count stays with the server)", server_round, self.expected_clients)
         return arrays, MetricRecord(inner | self._metrics())
 
     # -- the run's privacy section ----------------------------------------------------------

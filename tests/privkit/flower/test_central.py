@@ -364,6 +364,12 @@ def test_info_logs_say_nothing_about_who_was_sampled(caplog):
     info = [r.getMessage() for r in caplog.records
             if r.levelno >= logging.INFO and "ClientLevelDP" in r.getMessage()]
     assert info and not any("sampled" in m for m in info)
+    # the stock strategy's own counts (its proposed cohort of 6, the one synthetic reply)
+    # would contradict the wrapper: they are not logged
+    every = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not any(m.startswith(("configure_train: Sampled", "aggregate_train: Received"))
+                   for m in every), every
+    assert any("released the noisy sum" in m for m in every)
 
 
 def test_adaptive_clipping_is_charged_as_one_joint_release_per_round():

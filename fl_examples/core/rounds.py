@@ -29,6 +29,7 @@ __all__ = [
     "client_orders",
     "aggregate",
     "evaluate",
+    "evaluation_row",
     "broadcast",
 ]
 
@@ -192,4 +193,19 @@ def evaluate(model: Any, params: dict[str, Tensor], data: ClientData, chunk: int
     if n == 0:
         return float("nan"), float("nan")
     return float(loss_sum) / n, float(correct) / n
+
+
+def evaluation_row(model: Any, params: dict[str, Tensor], *, heldout: ClientData | None,
+                   train: ClientData, test: ClientData, evaluate_clients: bool
+                   ) -> dict[str, float]:
+    """A history row's metrics: on the public held-out set when there is one, and on the
+    clients' training and test data only when ``evaluate_clients`` (a non-private run, or
+    ``--eval-client-data``: those numbers are then listed as not covered by epsilon)."""
+    row: dict[str, float] = {}
+    if heldout is not None:
+        row["heldout_loss"], row["heldout_accuracy"] = evaluate(model, params, heldout)
+    if evaluate_clients:
+        row["train_loss"], row["train_accuracy"] = evaluate(model, params, train)
+        _, row["test_accuracy"] = evaluate(model, params, test)
+    return row
 

@@ -30,7 +30,7 @@ from fl_examples.core.release import Publication
 from fl_examples.core.rounds import (
     broadcast,
     client_orders,
-    evaluate,
+    evaluation_row,
     resolve_device,
     select,
     to_client_data,
@@ -332,12 +332,8 @@ class _Run(TrainerRun):
         """One history row: held-out metrics, the clients' metrics for the non-private
         reference (or with ``eval_client_data``), bits, and the central epsilon so far."""
         row: dict[str, Any] = {"iteration": self.round}
-        if self.heldout is not None:
-            row["heldout_loss"], row["heldout_accuracy"] = evaluate(
-                self.model, self.w, self.heldout)
-        if self.pub.evaluate_clients:
-            row["train_loss"], row["train_accuracy"] = evaluate(self.model, self.w, self.train)
-            _, row["test_accuracy"] = evaluate(self.model, self.w, self.test)
+        row |= evaluation_row(self.model, self.w, heldout=self.heldout, train=self.train,
+                              test=self.test, evaluate_clients=self.pub.evaluate_clients)
         if not math.isfinite(row[self.loss_key]):
             raise FloatingPointError(f"{self.algorithm}: diverged at round {self.round}")
         row |= {"wall_time_s": self.wall, "client_compute_s": self.compute,

@@ -23,7 +23,7 @@ from fl_examples.core.rounds import (
     aggregate,
     broadcast,
     client_orders,
-    evaluate,
+    evaluation_row,
     resolve_device,
     sample_clients,
     select,
@@ -307,12 +307,8 @@ class _Run(TrainerRun):
         # client computation spent so far (the x axis on which its claim is visible)
         row: dict[str, Any] = {"iteration": self.iteration,
                                "data_rounds": data_rounds(self.algorithm, self.iteration)}
-        if self.heldout is not None:
-            row["heldout_loss"], row["heldout_accuracy"] = evaluate(
-                self.model, self.w, self.heldout)
-        if self.pub.evaluate_clients:
-            row["train_loss"], row["train_accuracy"] = evaluate(self.model, self.w, self.train)
-            _, row["test_accuracy"] = evaluate(self.model, self.w, self.test)
+        row |= evaluation_row(self.model, self.w, heldout=self.heldout, train=self.train,
+                              test=self.test, evaluate_clients=self.pub.evaluate_clients)
         loss = row[self.loss_key]
         if not math.isfinite(loss):
             raise FloatingPointError(

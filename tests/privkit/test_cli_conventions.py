@@ -32,7 +32,8 @@ def test_version_prints_the_version_and_exits_0(capsys):
     code, out, err = run(["--version"], capsys)
     assert code == 0 and err == ""
     assert out.strip() == f"privkit {cli.version()}"
-    assert cli.version() == importlib.metadata.version("privkit")
+    assert cli.DISTRIBUTION == "privkit-fl"
+    assert cli.version() == importlib.metadata.version(cli.DISTRIBUTION)
 
 
 def test_version_falls_back_to_the_package_attribute(monkeypatch):

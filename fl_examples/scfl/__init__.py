@@ -223,7 +223,13 @@ def final_table(result: dict[str, Any]) -> str:
     dp = {n: r["gradient_privacy"] for n, r in result["algorithms"].items()
           if "gradient_privacy" in r}
     covers = "coded upload only" if dp else COVERS
-    lines.append(f"\nMI-DP: {covers}; implies only (0, sqrt(2 nats))-DP. {KAPPA_NOTE}.")
+    nats = [r["privacy"]["mi_dp_nats_max"] for r in result["algorithms"].values()
+            if r.get("privacy")]
+    tv = math.sqrt(2 * max(nats)) if nats else math.nan
+    implied = (f"the largest implies only (0, {tv:.3g})-DP (sqrt(2 nats), Pinsker)" if tv < 1
+               else "implies no (epsilon, delta)-DP guarantee here: sqrt(2 nats) >= 1"
+               if nats else "nothing uploaded")
+    lines.append(f"\nMI-DP: {covers}; {implied}. {KAPPA_NOTE}.")
     if dp:
         lines.append("client gradients, record-level DP-SGD (per client, upper bounds):")
         lines += [f"  {n}: eps mean {p['epsilon_mean']:.4g}, max {p['epsilon_max']:.4g} at "

@@ -252,3 +252,21 @@ def test_cli_bad_deadline_one_line(tmp_path: Path, capsys):
                  "--deadline", "1e-6", "--algorithms", "scfl", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "no client can arrive" in err
+
+
+def _table_result(nats_max: float) -> dict:
+    row = {"iteration": 3, "train_loss": 0.5, "test_accuracy": 0.75, "simulated_time_s": 1.0}
+    return {"algorithms": {"scfl": {
+        "history": [row], "arrivals_per_round": [4], "time_to_fl_pma_final_loss_s": None,
+        "privacy": {"mi_dp_nats_mean": nats_max, "mi_dp_nats_max": nats_max,
+                    "labels_fully_disclosed": False}}}}
+
+
+def test_final_table_states_the_implied_delta_only_when_it_means_something():
+    from fl_examples.scfl import final_table
+
+    small = final_table(_table_result(0.02))
+    assert "implies only (0, 0.2)-DP" in small  # sqrt(2 * 0.02) = 0.2
+    large = final_table(_table_result(8.8))
+    assert "implies no (epsilon, delta)-DP guarantee" in large
+    assert "implies only" not in large

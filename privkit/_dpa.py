@@ -20,7 +20,7 @@ import importlib
 import importlib.util
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["dp_event", "privacy_accountant"]
 
@@ -52,6 +52,9 @@ def _deferred_package() -> None:
     sys.modules["dp_accounting"] = pkg
 
 
-_deferred_package()
-dp_event: ModuleType = importlib.import_module("dp_accounting.dp_event")
-privacy_accountant: ModuleType = importlib.import_module("dp_accounting.privacy_accountant")
+if TYPE_CHECKING:  # the type checker sees the plain modules (their classes are types)
+    from dp_accounting import dp_event, privacy_accountant
+else:
+    _deferred_package()
+    dp_event: ModuleType = importlib.import_module("dp_accounting.dp_event")
+    privacy_accountant: ModuleType = importlib.import_module("dp_accounting.privacy_accountant")

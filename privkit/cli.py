@@ -685,7 +685,7 @@ def _main(argv: list[str]) -> int:
         else:
             handlers = {"epsilon": _cmd_epsilon, "calibrate": _cmd_calibrate,
                         "audit": _cmd_audit, "midp": _cmd_midp, "ledger": _cmd_ledger}
-            code = handlers[args.command](args)
+            code = handlers[args.command](args) or 0
     except (PrivkitError, OSError) as exc:  # bad input, data or path: one line naming it
         print(f"privkit: error: {error_line(exc, args)}", file=sys.stderr)
         return 2

@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -63,7 +63,10 @@ from privkit.errors import (
 )
 from privkit.events import event_from_dict, event_to_dict
 
-DpEvent = dp_event.DpEvent
+if TYPE_CHECKING:
+    from dp_accounting.dp_event import DpEvent
+else:
+    DpEvent = dp_event.DpEvent
 
 __all__ = ["SCHEMA", "Ledger", "LedgerPointer", "LedgerReport", "SpendReceipt",
            "atomic_write_bytes"]

@@ -39,8 +39,8 @@ def _log_mgf(pmfs: list[tuple[_Pmf, int]], h: float,
              group: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds on log E[e^{+lam S}] and log E[e^{-lam S}] of the composed finite parts,
     lam in _LAMBDAS."""
-    total = sum(n * p.log_mgf(h, group) for p, n in pmfs)
     k = _LAMBDAS.size
+    total = sum((n * p.log_mgf(h, group) for p, n in pmfs), np.zeros(2 * k))
     return total[:k], total[k:]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attr
 
@@ -20,7 +20,10 @@ from privkit._dpa import dp_event
 from privkit._dpa import privacy_accountant as _pa
 from privkit.errors import InvalidParameterError
 
-DpEvent = dp_event.DpEvent
+if TYPE_CHECKING:
+    from dp_accounting.dp_event import DpEvent
+else:
+    DpEvent = dp_event.DpEvent
 NeighboringRelation = _pa.NeighboringRelation
 
 __all__ = [

@@ -431,9 +431,12 @@ def dpsgd_request(msg: Message) -> DpSgdRequest | None:
         return None
     rec = msg.content.config_records[keys.DPSGD]
     try:
-        return DpSgdRequest(l2_clip_norm=float(rec["l2-clip-norm"]),
-                            noise_multiplier=float(rec["noise-multiplier"]),
-                            batch_size=int(rec["batch-size"]),
+        return DpSgdRequest(l2_clip_norm=_validate.positive(
+                                f"{keys.DPSGD}['l2-clip-norm']", rec["l2-clip-norm"]),
+                            noise_multiplier=_validate.positive(
+                                f"{keys.DPSGD}['noise-multiplier']", rec["noise-multiplier"]),
+                            batch_size=_validate.positive_int(
+                                f"{keys.DPSGD}['batch-size']", rec["batch-size"]),
                             noise_seed=_validate.nonnegative_int(
                                 f"{keys.DPSGD}['noise-seed']", rec["noise-seed"]))
     except KeyError as exc:

@@ -270,3 +270,18 @@ def test_dpsgd_request_prices_the_clients_round():
     assert req.round_event(5, 3) == privkit.SelfComposedDpEvent(privkit.GaussianDpEvent(2.0), 3)
     with pytest.raises(InvalidParameterError, match="noise_seed"):
         DpSgdRequest(1.0, 1.0, 10, noise_seed=-1)
+
+
+@pytest.mark.parametrize("field, value", [("l2-clip-norm", [1.0, 2.0]),
+                                          ("noise-multiplier", "lots"),
+                                          ("batch-size", 2.5), ("l2-clip-norm", -1.0)])
+def test_a_malformed_dpsgd_record_is_refused_naming_its_entry(field, value):
+    from privkit.flower import dpsgd_request
+
+    record = {"l2-clip-norm": 1.0, "noise-multiplier": 1.0, "batch-size": 8, "noise-seed": 3}
+    record[field] = value
+    msg = Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(3, np.float32))}),
+                              keys.DPSGD: ConfigRecord(record)}),
+                  dst_node_id=11, message_type="train")
+    with pytest.raises(InvalidParameterError, match=f"{keys.DPSGD}\\['{field}'\\]"):
+        dpsgd_request(msg)

@@ -32,11 +32,13 @@ $(BENCH): $(FULL)
 run: $(STAMP)
 	$(VENV)/bin/privkit demo
 
-# The docs are built strictly (a broken link or docstring fails the build); tests/test_readme.py
-# runs every example in README.md and docs/ and checks the output shown under it.
+# The library is type-checked (mypy privkit) and the docs are built strictly (a broken link or
+# docstring fails the build); tests/test_readme.py runs every example in README.md and docs/ and
+# checks the output shown under it.
 test: $(FULL)
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check privkit fl_examples tests bench
+	$(VENV)/bin/mypy privkit
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $$(mktemp -d)/site
 
 docs: $(FULL)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from fl_examples.commands import OUT_HELP, nonnegative_int, noted, split_algorithms
+from fl_examples.commands import (
+    OUT_HELP,
+    nonnegative_int,
+    noted,
+    positive_int,
+    split_algorithms,
+)
 
 DATASET_HELP = (
     "the federated data set: synthetic:ALPHA,BETA[:PRESET] (Synthetic(alpha, beta), PRESET "
@@ -161,10 +167,10 @@ def run(args: argparse.Namespace) -> int:
         noise_multiplier=args.noise_multiplier, client_rate=args.client_rate,
         server_lr=args.server_lr, server_momentum=args.server_momentum,
         adaptive_clip=args.adaptive_clip, mechanism=args.mechanism,
-        bands=None if args.bands is None else nonnegative_int("bands", args.bands),
+        bands=None if args.bands is None else positive_int("bands", args.bands),
         participation=args.participation,
-        groups=None if args.groups is None else nonnegative_int("groups", args.groups),
-        min_separation=None if args.min_separation is None else nonnegative_int(
+        groups=None if args.groups is None else positive_int("groups", args.groups),
+        min_separation=None if args.min_separation is None else positive_int(
             "min_separation", args.min_separation),
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,

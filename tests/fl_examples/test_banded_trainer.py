@@ -171,3 +171,14 @@ def test_cli_runs_and_reports_banded_mf(tmp_path, capsys):
         "privacy"]
     assert p["epsilon_max"] <= 4.0 and p["participation"] == "cyclic"
     assert "bandmf" not in json.dumps(p.get("public", []))  # the noise state is not public
+
+
+@pytest.mark.parametrize("flag, value", [("--bands", "nan"), ("--bands", "0"),
+                                         ("--groups", "0"), ("--min-separation", "0")])
+def test_cli_counts_must_be_positive_integers(flag, value, tmp_path, capsys):
+    extra = {"--groups": ["--participation", "cyclic"]}.get(flag, [])
+    code = main(["train", "upcycled", "--dataset", "synthetic:iid@60/40", "--algorithms",
+                 "fedavg", "--privacy", "client", "--mechanism", "bandmf", *extra, flag, value,
+                 "--rounds", "4", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} must be an integer >= 1, got {value}" in err

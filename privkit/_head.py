@@ -10,9 +10,17 @@ journal as ``<journal>.head``, is one line of canonical JSON::
 
 ``seq`` and ``hash`` are the last committed entry (seq -1 and the header's hash for a journal
 without entries), ``size`` the journal's length in bytes through that entry, and
-``header_hash`` names the journal it belongs to. It is replaced atomically (temporary file,
-fsync, rename, fsync of the directory) after every batch, once the batch is durable in the
-journal, so a journal is never behind its head record except when it lost committed entries.
+``header_hash`` names the journal it belongs to. It moves after every batch, once the batch
+is durable in the journal, so a journal is never behind its head record except when it lost
+committed entries.
+
+The file holds the record twice over, in two slots of :data:`SLOT` bytes (the record, a
+generation number and a checksum of both, then padding); the current record is the one of the
+higher generation among the slots whose checksum holds. A batch writes the *other* slot in
+place and fsyncs the file (one fsync, no new name): a write cut short by a crash spoils at most
+that slot, and the other still names the batch before, which the journal is then one batch
+ahead of (accepted, see :func:`check`). Creating the file, or replacing a file in the earlier
+one-line layout, is atomic instead (temporary file, fsync, rename, fsync of the directory).
 
 With a ledger key (``key=`` or the environment: :data:`KEY_ENV` holds the key text,
 :data:`KEY_FILE_ENV` the path of a file holding it; at least :data:`MIN_KEY_BYTES` bytes),
@@ -43,9 +51,11 @@ from privkit.errors import InvalidParameterError, LedgerError
 
 __all__ = ["SCHEMA", "KEY_ENV", "KEY_FILE_ENV", "MIN_KEY_BYTES", "Head", "HeadUnreadable",
            "Problem", "check", "head_path", "load_key", "key_id", "read_head", "write_head",
-           "fsync_dir", "dir_lock"]
+           "fsync_dir", "dir_lock", "SLOT"]
 
 SCHEMA = "privkit.ledger-head/1"
+SLOT = 512
+"""Bytes of each of the head file's two slots (one disk sector)."""
 KEY_ENV = "PRIVKIT_LEDGER_KEY"
 """Environment variable holding the ledger key itself (UTF-8 text)."""
 KEY_FILE_ENV = "PRIVKIT_LEDGER_KEY_FILE"
@@ -227,8 +237,39 @@ def _is_hex(value: Any, length: int) -> bool:
 
 
 # -------------------------------------------------------------------------- files
+def _slot_bytes(record: bytes, gen: int) -> bytes:
+    """One slot: ``record<TAB>gen<TAB>checksum`` and a newline, padded to :data:`SLOT`."""
+    body = record.rstrip(b"\n") + b"\t%d" % gen
+    line = body + b"\t" + hashlib.sha256(body).hexdigest()[:32].encode() + b"\n"
+    if len(line) > SLOT:  # a record is ~330 bytes; seq and size would need ~90 digits
+        raise LedgerError(f"head record of {len(line)} bytes does not fit a {SLOT}-byte slot")
+    return line + b" " * (SLOT - len(line))
+
+
+def _slots(data: bytes, path: str | None) -> tuple[Head, int] | None:
+    """The current (record, generation) of a two-slot file, None if ``data`` is not one;
+    :class:`HeadUnreadable` if it is one but no slot's checksum holds."""
+    if len(data) != 2 * SLOT or b"\t" not in data[:SLOT] + data[SLOT:]:
+        return None
+    best: tuple[Head, int] | None = None
+    for i in (0, 1):
+        line = data[i * SLOT:(i + 1) * SLOT].split(b"\n", 1)[0]
+        body, _, check_ = line.rpartition(b"\t")
+        record, _, gen = body.rpartition(b"\t")
+        if (not gen.isdigit() or len(check_) != 32
+                or not hmac.compare_digest(hashlib.sha256(body).hexdigest()[:32].encode(),
+                                           check_)):
+            continue  # a slot whose write never completed
+        head = Head.parse(record, path)
+        if best is None or int(gen) > best[1]:
+            best = (head, int(gen))
+    if best is None:
+        raise HeadUnreadable(f"{path}: neither slot of the head record is whole")
+    return best
+
+
 def read_head(path: str) -> Head | None:
-    """The head record at ``path``, or None if there is none.
+    """The head record at ``path`` (the current slot's), or None if there is none.
 
     Raises:
         HeadUnreadable: the file is not a head record.
@@ -239,7 +280,11 @@ def read_head(path: str) -> Head | None:
             data = f.read(4096)
     except FileNotFoundError:
         return None
-    return Head.parse(data, path)
+    found = _slots(data, path)
+    return Head.parse(data, path) if found is None else found[0]
+
+
+_datasync = getattr(os, "fdatasync", os.fsync)
 
 
 def fsync_dir(directory: str) -> None:
@@ -252,12 +297,35 @@ def fsync_dir(directory: str) -> None:
 
 
 def write_head(path: str, head: Head, key: bytes | None) -> None:
-    """Replace the head record at ``path`` durably and atomically.
+    """Make ``head`` the head record at ``path``, durably.
 
-    The temporary file has a fixed name (``<path>.tmp``): callers hold the journal's lock, so
-    no two writers use it at once, and a crash leaves at most that one file behind.
+    A two-slot file whose current slot is readable gets ``head`` in its other slot, in place,
+    with the next generation (one write, one fsync). Otherwise (no file, the one-line layout, no
+    whole slot) the file is replaced atomically by one whose slots both hold ``head``. The
+    temporary file has a fixed name (``<path>.tmp``): callers hold the journal's lock, so no two
+    writers use it at once, and a crash leaves at most that one file behind.
     """
-    data = head.to_bytes(key)
+    record = head.to_bytes(key)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        fd = -1
+    if fd >= 0:
+        try:
+            try:
+                found = _slots(os.pread(fd, 2 * SLOT + 1, 0), path)
+            except HeadUnreadable:
+                found = None
+            if found is not None:
+                gen = found[1] + 1
+                data = _slot_bytes(record, gen)
+                if os.pwrite(fd, data, (gen % 2) * SLOT) != len(data):
+                    raise OSError(28, "short write of the head record")
+                _datasync(fd)  # the file's size and name do not change
+                return
+        finally:
+            os.close(fd)
+    data = _slot_bytes(record, 0) * 2
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

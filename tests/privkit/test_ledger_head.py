@@ -40,7 +40,17 @@ def head_file(path) -> Path:
 
 
 def head_of(path) -> dict:
-    return json.loads(head_file(path).read_bytes())
+    """The current record of a head file as written (the slot of the higher generation; a
+    file in the one-line layout is the record)."""
+    data = head_file(path).read_bytes()
+    if len(data) != 2 * _head.SLOT:
+        return json.loads(data)
+    slots = []
+    for i in (0, 1):
+        record, gen, _check = data[i * _head.SLOT:(i + 1) * _head.SLOT].split(
+            b"\n", 1)[0].rsplit(b"\t", 2)
+        slots.append((int(gen), json.loads(record)))
+    return max(slots, key=lambda s: s[0])[1]
 
 
 def canonical(d):
@@ -284,7 +294,7 @@ from privkit import _head
 from privkit.events import GaussianDpEvent
 from privkit.ledger import Ledger
 where = sys.argv[2]
-real_write, real_replace = os.write, os.replace
+real_write, real_replace, real_pwrite = os.write, os.replace, os.pwrite
 
 
 def write(fd, data):  # kill once the head record's temporary file is being written
@@ -299,18 +309,33 @@ def replace(src, dst):
     return real_replace(src, dst)
 
 
+def pwrite(fd, data, offset):  # a torn slot: a part of it written, then killed
+    if where == "in-slot" and os.readlink(f"/proc/self/fd/{fd}").endswith(".head"):
+        real_pwrite(fd, data[:100], offset)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_pwrite(fd, data, offset)
+
+
 led = Ledger.open(sys.argv[1])
 if where == "before-head":  # right after the batch's fsync, before the head record
     _head.write_head = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-os.write, os.replace = write, replace
+os.write, os.replace, os.pwrite = write, replace, pwrite
 led.spend(["a", "b"], GaussianDpEvent(2.0), label="upd")
 """
 
 
-@pytest.mark.parametrize("where", ["before-head", "in-temp", "before-replace"])
-def test_sigkill_between_journal_and_head_record(tmp_path, where):
+@pytest.mark.parametrize("where, one_line", [("before-head", False), ("in-slot", False),
+                                             ("before-head", True), ("in-temp", True),
+                                             ("before-replace", True)])
+def test_sigkill_between_journal_and_head_record(tmp_path, where, one_line):
+    """A batch's head record goes into the slot not holding the current record (in place);
+    a head file in the earlier one-line layout is replaced atomically. A kill at any point
+    leaves a head record naming the batch before, which the next open accepts and moves."""
     path = tmp_path / "l.jsonl"
     new(path).spend("a", Z, label="upd")
+    if one_line:  # as an earlier privkit wrote it
+        head_file(path).write_bytes(_head.read_head(str(head_file(path))).to_bytes(None))
+        assert head_of(path)["seq"] == 0
     root = str(Path(privkit.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", KILLER, str(path), where], env=env,
@@ -323,6 +348,36 @@ def test_sigkill_between_journal_and_head_record(tmp_path, where):
     led.spend("c", Z, label="upd")  # and the next writer goes on (a stale temp file is reused)
     assert Ledger.open(path).head().seq == 3
     assert sorted(os.listdir(tmp_path)) == ["l.jsonl", "l.jsonl.head"]
+    assert head_file(path).stat().st_size == 2 * _head.SLOT  # the two-slot layout from now on
+
+
+def test_head_file_alternates_slots_and_reads_the_newest_whole_one(tmp_path):
+    path = tmp_path / "l.jsonl"
+    led = new(path)
+    hf = str(head_file(path))
+    slots = []
+    for i in range(3):
+        led.spend(f"c{i}", Z, label="upd")
+        data = head_file(path).read_bytes()
+        assert len(data) == 2 * _head.SLOT
+        slots.append((data[:_head.SLOT], data[_head.SLOT:]))
+    # each batch rewrote one slot only, the other one each time
+    changed = [[a != b for a, b in zip(slots[i], slots[i + 1], strict=True)] for i in (0, 1)]
+    assert changed in ([[True, False], [False, True]], [[False, True], [True, False]])
+    assert _head.read_head(hf).seq == 2
+    data = bytearray(head_file(path).read_bytes())
+    newest = changed[1].index(True)
+    data[newest * _head.SLOT + 40] ^= 1  # the newest slot spoilt: the one before is current
+    head_file(path).write_bytes(bytes(data))
+    assert _head.read_head(hf).seq == 1
+    assert Ledger.open(path).head().seq == 2  # the journal one batch ahead: accepted, repaired
+    assert _head.read_head(hf).seq == 2
+    data = bytearray(head_file(path).read_bytes())
+    data[40] ^= 1
+    data[_head.SLOT + 40] ^= 1
+    head_file(path).write_bytes(bytes(data))  # both spoilt: unreadable, said so
+    with pytest.raises(_head.HeadUnreadable, match="neither slot"):
+        _head.read_head(hf)
 
 
 def test_readers_never_see_a_false_rollback_while_a_writer_appends(tmp_path):

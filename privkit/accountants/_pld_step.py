@@ -183,6 +183,32 @@ class _Pmf:
         return self._mgf[1]
 
 
+def _nodes(x_a: np.ndarray, width: np.ndarray, piece: np.ndarray, edge: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """The cells [x_a, x_a + width] cut into pieces no longer than ``piece``, and each piece's
+    two Gauss-Legendre nodes: (nodes, half of each piece's width, ``edge`` of each piece's
+    cell, the cell of each piece (None when every cell is one piece), number of pieces). The
+    nodes are flat, the first nodes of all pieces and then the second ones."""
+    pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
+    cell: np.ndarray | None = None
+    if width.size and int(pieces.max()) == 1:  # every cell is one piece
+        left, half, edge_of = x_a, 0.5 * width, edge
+    else:
+        cell = np.repeat(np.arange(width.size), pieces)
+        first = np.cumsum(pieces) - pieces
+        j = np.arange(cell.size) - first[cell]
+        step = width[cell] / pieces[cell]
+        left = x_a[cell] + j * step
+        half = 0.5 * step
+        edge_of = edge[cell]
+    mid = left + half
+    n = mid.size
+    xs = np.empty(2 * n)
+    np.add(mid, half * _GL_NODES[0], out=xs[:n])
+    np.add(mid, half * _GL_NODES[1], out=xs[n:])
+    return xs, half, edge_of, cell, n
+
+
 def _split(ell_hi: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray,
            pair: _Pair) -> tuple[np.ndarray, np.ndarray]:
     """Per cell: P-mass sent to the lower grid point and the cell's total P-mass.
@@ -199,23 +225,7 @@ def _split(ell_hi: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray,
         dist = d if dist is None else np.minimum(dist, d)
     assert dist is not None
     piece = np.minimum(_PIECE * z, _PIECE * z * z / np.maximum(dist, 1e-300))
-    pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
-    cell: np.ndarray | None = None
-    if width.size and int(pieces.max()) == 1:  # every cell is one piece
-        left, half, top = x_a, 0.5 * width, ell_hi
-    else:
-        cell = np.repeat(np.arange(width.size), pieces)
-        first = np.cumsum(pieces) - pieces
-        j = np.arange(cell.size) - first[cell]
-        step = width[cell] / pieces[cell]
-        left = x_a[cell] + j * step
-        half = 0.5 * step
-        top = ell_hi[cell]
-    mid = left + half
-    n = mid.size
-    xs = np.empty(2 * n)
-    np.add(mid, half * _GL_NODES[0], out=xs[:n])
-    np.add(mid, half * _GL_NODES[1], out=xs[n:])
+    xs, half, top, cell, n = _nodes(x_a, width, piece, ell_hi)
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
         ell, dens = pair.loss_and_density(xs)
         dens[:n] *= half * _GL_WEIGHTS[0]
@@ -321,23 +331,7 @@ def _split_both(ell_lo: np.ndarray, h: float, x_a: np.ndarray, x_b: np.ndarray, 
     near0 = np.maximum(np.abs(x_a), np.abs(x_b))
     piece = np.minimum(_PIECE * z, _PIECE * z * z / np.maximum(np.maximum(dist, near0),
                                                                1e-300))
-    pieces = np.maximum(1, np.ceil(width / piece)).astype(np.int64)
-    cell: np.ndarray | None = None
-    if width.size and int(pieces.max()) == 1:
-        left, half, bot = x_a, 0.5 * width, ell_lo
-    else:
-        cell = np.repeat(np.arange(width.size), pieces)
-        first = np.cumsum(pieces) - pieces
-        j = np.arange(cell.size) - first[cell]
-        step = width[cell] / pieces[cell]
-        left = x_a[cell] + j * step
-        half = 0.5 * step
-        bot = ell_lo[cell]
-    mid = left + half
-    n = mid.size
-    xs = np.empty(2 * n)
-    np.add(mid, half * _GL_NODES[0], out=xs[:n])
-    np.add(mid, half * _GL_NODES[1], out=xs[n:])
+    xs, half, bot, cell, n = _nodes(x_a, width, piece, ell_lo)
     norm = -math.log(z * math.sqrt(2 * math.pi))
     scale = math.expm1(h)
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):

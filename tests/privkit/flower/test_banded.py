@@ -19,6 +19,7 @@ import pytest
 EXTRA = "install the flower extra: pip install -e '.[flower]' from a checkout"
 pytest.importorskip("flwr", reason=f"Flower is not installed; {EXTRA}")
 
+from _flower_grid import LocalGrid  # noqa: E402
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
@@ -32,16 +33,6 @@ from privkit.mechanisms import BANDMF_TRUST_ASSUMPTION, BandedToeplitzStrategy  
 from privkit.mechanisms.aggregate import unamplified_event  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _task_identity(monkeypatch):
-    """Flower's messages read the run id of the current task; outside a run there is none."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
 @pytest.fixture
 def seeded_random():
     """Stock FedAvg draws its cohort with Python's global ``random``: seed it, then put the
@@ -50,26 +41,6 @@ def seeded_random():
     random.seed(20240531)
     yield
     random.setstate(state)
-
-
-class LocalGrid:
-    """A Grid of ``n`` nodes answered in-process by ``client(node_index, message)``."""
-
-    def __init__(self, n, client):
-        self.ids, self.client, self.sent = [1000 + 7 * i for i in range(n)], client, []
-
-    def get_node_ids(self):
-        return list(self.ids)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        self.sent.append([m.metadata.dst_node_id for m in messages])
-        return [self.client(self.ids.index(m.metadata.dst_node_id), m) for m in messages]
-
-    @property
-    def train(self):
-        """The nodes sent train messages, per round (``start`` sends train, then evaluate)."""
-        return self.sent[0::2]
 
 
 class ChoosingFedAvg(FedAvg):

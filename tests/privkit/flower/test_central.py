@@ -16,6 +16,7 @@ import pytest
 EXTRA = "install the flower extra: pip install -e '.[flower]' from a checkout"
 pytest.importorskip("flwr", reason=f"Flower is not installed; {EXTRA}")
 
+from _flower_grid import LocalGrid  # noqa: E402
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx  # noqa: E402
 
@@ -25,36 +26,6 @@ from privkit.flower import POPULATION, ClientLevelDP  # noqa: E402
 from privkit.ledger import Ledger  # noqa: E402
 
 D = 20_000  # coordinates of the test model: the noise's stddev is estimated to ~0.5%
-
-
-@pytest.fixture(autouse=True)
-def _task_identity(monkeypatch):
-    """Flower's messages read the run id of the current task; outside a run there is none."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
-class LocalGrid:
-    """A Grid of ``n`` nodes answered in-process by ``client(node_index, message)``."""
-
-    def __init__(self, n, client):
-        self.ids, self.client, self.sent = [1000 + 7 * i for i in range(n)], client, []
-
-    def get_node_ids(self):
-        return list(self.ids)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        self.sent.append([m.metadata.dst_node_id for m in messages])
-        return [self.client(self.ids.index(m.metadata.dst_node_id), m) for m in messages]
-
-    @property
-    def train(self):
-        """The nodes sent train messages, per round (``start`` sends train, then evaluate)."""
-        return self.sent[0::2]
 
 
 def replying(update_of):

@@ -31,16 +31,6 @@ from privkit.flower import records as keys  # noqa: E402
 D = 5_000
 
 
-@pytest.fixture(autouse=True)
-def _task_identity(monkeypatch):
-    """Flower's messages read the run id of the current task; outside a run there is none."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
 def trainer(step=0.0, *, linear_term=False):
     """A ClientApp train function: the model plus ``step`` everywhere."""
     def app(msg, context):

@@ -38,7 +38,12 @@ import numpy as np
 import torch
 
 import privkit
-from fl_examples.core.dp_modes import POPULATION, epsilon_section, server_step
+from fl_examples.core.dp_modes import (
+    POPULATION,
+    check_client_settings,
+    epsilon_section,
+    server_step,
+)
 from fl_examples.core.rounds import client_uniforms
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
@@ -108,9 +113,7 @@ class BandedDpPlan:
         if self.participation not in PARTICIPATIONS:
             raise InvalidParameterError("participation", self.participation,
                                         f"one of {', '.join(PARTICIPATIONS)}")
-        q = _validate.positive("client_rate", self.client_rate)
-        if not q <= 1:
-            raise InvalidParameterError("client_rate", self.client_rate, "in (0, 1]")
+        check_client_settings(self)
         g = _validate.positive_int("groups", self.groups)
         if self.min_separation is None:
             object.__setattr__(self, "min_separation", b)
@@ -128,12 +131,6 @@ class BandedDpPlan:
             raise InvalidParameterError("client_rate", self.client_rate,
                                         f"at least 1 / N = {1 / n:.3g} (a cohort of round(q N) "
                                         ">= 1 client)")
-        _validate.positive("clip", self.l2_clip_norm)
-        _validate.positive("noise_multiplier", self.noise_multiplier)
-        _validate.positive("server_lr", self.server_lr)
-        m = _validate.real("server_momentum", self.server_momentum)
-        if not 0 <= m < 1:
-            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
         strategy = BandedToeplitzStrategy.identity() if b == 1 else \
             BandedToeplitzStrategy.optimized(b, t)
         object.__setattr__(self, "strategy", strategy)

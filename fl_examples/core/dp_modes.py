@@ -44,7 +44,8 @@ from privkit.mechanisms.aggregate import (
 )
 
 __all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "server_step", "grouped",
-           "calibrate_record", "epsilon_section", "replace_one_epsilons", "POPULATION"]
+           "calibrate_record", "check_client_settings", "epsilon_section",
+           "replace_one_epsilons", "POPULATION"]
 
 #: The ledger id of client-level DP: every client's guarantee is the population's.
 POPULATION = "population"
@@ -104,6 +105,21 @@ def epsilon_section(ledger: Ledger, ids: list[str]) -> dict[str, Any]:
             "epsilon_max": float(arr.max()), "method": method, "proven": True}
 
 
+def check_client_settings(plan: Any) -> None:
+    """The settings every client-level plan shares: ``client_rate`` in (0, 1], positive
+    ``l2_clip_norm`` (the flag ``--clip``), ``noise_multiplier`` and ``server_lr``, and
+    ``server_momentum`` in [0, 1)."""
+    q = _validate.positive("client_rate", plan.client_rate)
+    if not q <= 1:
+        raise InvalidParameterError("client_rate", plan.client_rate, "in (0, 1]")
+    _validate.positive("clip", plan.l2_clip_norm)
+    _validate.positive("noise_multiplier", plan.noise_multiplier)
+    _validate.positive("server_lr", plan.server_lr)
+    m = _validate.real("server_momentum", plan.server_momentum)
+    if not 0 <= m < 1:
+        raise InvalidParameterError("server_momentum", plan.server_momentum, "in [0, 1)")
+
+
 @dataclass(frozen=True)
 class ClientDpPlan:
     """Client-level DP-FedAvg settings for one run (module docstring).
@@ -130,15 +146,7 @@ class ClientDpPlan:
 
     def __post_init__(self) -> None:
         _validate.positive_int("num_clients", self.num_clients)
-        q = _validate.positive("client_rate", self.client_rate)
-        if not q <= 1:
-            raise InvalidParameterError("client_rate", self.client_rate, "in (0, 1]")
-        _validate.positive("clip", self.l2_clip_norm)
-        _validate.positive("noise_multiplier", self.noise_multiplier)
-        _validate.positive("server_lr", self.server_lr)
-        m = _validate.real("server_momentum", self.server_momentum)
-        if not 0 <= m < 1:
-            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
+        check_client_settings(self)
 
     @property
     def expected_clients(self) -> float:

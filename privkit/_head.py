@@ -249,7 +249,7 @@ def _slot_bytes(record: bytes, gen: int) -> bytes:
 def _slots(data: bytes, path: str | None) -> tuple[Head, int] | None:
     """The current (record, generation) of a two-slot file, None if ``data`` is not one;
     :class:`HeadUnreadable` if it is one but no slot's checksum holds."""
-    if len(data) != 2 * SLOT or b"\t" not in data[:SLOT] + data[SLOT:]:
+    if len(data) != 2 * SLOT or b"\t" not in data:
         return None
     best: tuple[Head, int] | None = None
     for i in (0, 1):

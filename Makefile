@@ -1,32 +1,34 @@
-# privkit: make run | make test | make docs | make bench | make soak
-# Each target creates .venv if missing and installs the project first.
+# privkit: make run | make test | make docs | make bench | make soak | make lock
+# Each target creates .venv if missing and installs the project first. Everything is installed
+# with -c constraints.txt: the versions CI passed with (make lock refreshes them deliberately).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -q -c constraints.txt
 STAMP  := $(VENV)/.privkit-installed
 FULL   := $(VENV)/.privkit-installed-full
 BENCH  := $(VENV)/.privkit-installed-bench
 
-.PHONY: run test docs bench lint clean soak
+.PHONY: run test docs bench lint clean soak lock
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch==2.13.0 first when no torch is present: a looser requirement could pull
 # a multi-GB CUDA build.
-$(STAMP): $(PY) pyproject.toml
+$(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,examples]"
+	$(PIP) -e ".[dev,examples]"
 	touch $(STAMP)
 
 # make test also needs the Flower adapters' and the docs site's dependencies.
 $(FULL): $(STAMP)
-	$(PY) -m pip install -q -e ".[dev,examples,flower,docs]"
+	$(PIP) -e ".[dev,examples,flower,docs]"
 	touch $(FULL)
 
 # make bench also needs Opacus (the record-level comparison of bench/private_utility.py).
 $(BENCH): $(FULL)
-	$(PY) -m pip install -q -e ".[dev,examples,flower,docs,bench]"
+	$(PIP) -e ".[dev,examples,flower,docs,bench]"
 	touch $(BENCH)
 
 run: $(STAMP)
@@ -39,7 +41,7 @@ test: $(FULL)
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check privkit fl_examples tests bench
 	$(VENV)/bin/mypy privkit
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $$(mktemp -d)/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d $$(mktemp -d)/site
 
 docs: $(FULL)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
@@ -64,6 +66,18 @@ bench: $(BENCH)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check privkit fl_examples tests bench
 	$(VENV)/bin/mypy privkit
+
+# Refresh constraints.txt from the ranges in pyproject.toml: a fresh venv, the newest versions
+# the ranges admit, then pip freeze. Run make test on the result before committing it.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q torch==2.13.0
+	.venv-lock/bin/python -m pip install -q -e ".[dev,examples,flower,docs,bench]"
+	{ sed -n '/^#/p' constraints.txt; .venv-lock/bin/python -m pip freeze --exclude-editable \
+	  | sed 's/+cpu$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -142,9 +142,15 @@ class BandedClientLevelDP(ServerSideDP):
             min_train_nodes)`` (Flower's ``FedAvg`` family).
         factorization: a :class:`~privkit.mechanisms.BandedToeplitzStrategy` with ``bands``
             bands; None: ``BandedToeplitzStrategy.optimized(bands, rounds)``.
-        ledger, delta, max_epsilon, seed, run_id, node_timeout: as for
-            :class:`~privkit.flower.ClientLevelDP` (``seed``: the noise from seed-tree
-            stream ``noise`` of the server round, for experiments only; None: SecureRandom).
+        ledger: the privacy ledger, as for :class:`~privkit.flower.ClientLevelDP`.
+        delta: the target delta, as for :class:`~privkit.flower.ClientLevelDP`.
+        max_epsilon: stop before a release would exceed it, as for
+            :class:`~privkit.flower.ClientLevelDP`.
+        seed: the noise from seed-tree stream ``noise`` of the server round, for experiments
+            only; None: SecureRandom.
+        run_id: the run's name in the ledger, as for :class:`~privkit.flower.ClientLevelDP`.
+        node_timeout: seconds to wait for the N nodes, as for
+            :class:`~privkit.flower.ClientLevelDP`.
 
     Raises:
         InvalidParameterError: a bad argument (named in the message).

@@ -3,31 +3,54 @@
 A journal (:mod:`privkit._journal`) is append-only, but a file can still lose its end: a
 restore from an older backup, a deleted last batch, a cut to the header. Each such journal is
 a valid ledger on its own, so the journal alone cannot tell. The head record, kept beside the
-journal as ``<journal>.head``, is one line of canonical JSON::
+journal as ``<journal>.head``, names the last committed entry: ``seq`` and ``hash`` (seq -1
+and the header's hash for a journal without entries), ``size`` (the journal's length in bytes
+through that entry) and ``header_hash`` (the journal it belongs to). It moves after every
+batch, once the batch is durable in the journal, so a journal is never behind its head record
+except when it lost committed entries.
 
-    {"hash": ..., "header_hash": ..., "key_id": ..., "mac": ..., "schema": "privkit.ledger-head/1",
-     "seq": ..., "size": ...}
+**Slots.** The file holds the record twice over, in two slots of :data:`SLOT` bytes, each one
+line padded with spaces::
 
-``seq`` and ``hash`` are the last committed entry (seq -1 and the header's hash for a journal
-without entries), ``size`` the journal's length in bytes through that entry, and
-``header_hash`` names the journal it belongs to. It moves after every batch, once the batch
-is durable in the journal, so a journal is never behind its head record except when it lost
-committed entries.
+    <record>\\t<generation>\\t<mac>\\t<checksum>\\n
 
-The file holds the record twice over, in two slots of :data:`SLOT` bytes (the record, a
-generation number and a checksum of both, then padding); the current record is the one of the
-higher generation among the slots whose checksum holds. A batch writes the *other* slot in
-place and fsyncs the file (one fsync, no new name): a write cut short by a crash spoils at most
-that slot, and the other still names the batch before, which the journal is then one batch
-ahead of (accepted, see :func:`check`). Creating the file, or replacing a file in the earlier
-one-line layout, is atomic instead (temporary file, fsync, rename, fsync of the directory).
+``record`` is canonical JSON (schema :data:`SCHEMA`: ``hash``, ``header_hash``, ``key_id``,
+``schema``, ``seq``, ``size``), ``generation`` a decimal number, ``mac`` the slot's MAC (below;
+``-`` without a key) and ``checksum`` the first 32 hex digits of the SHA-256 of all before it:
+a slot whose checksum fails was cut short by a crash (it is not *whole*). The slot of
+generation ``g`` is slot ``g % 2``, the two hold consecutive generations, and the current
+record is the higher one's. A batch writes the *other* slot in place with the next generation
+and fsyncs the file (one fsync, no new name): a write cut short by a crash spoils at most that
+slot, and the other still names the batch before, which the journal is then one batch ahead
+of (accepted, see :func:`check`). Creating the file, or replacing one in an earlier layout or
+without a usable slot, is atomic instead (temporary file, fsync, rename, fsync of the
+directory), its two slots holding the record at consecutive generations.
 
-With a ledger key (``key=`` or the environment: :data:`KEY_ENV` holds the key text,
-:data:`KEY_FILE_ENV` the path of a file holding it; at least :data:`MIN_KEY_BYTES` bytes),
-``mac`` is HMAC-SHA256 of the record's other fields and ``key_id`` a fingerprint of the key
-(never the key). Each entry's hash covers the entry before it, so the MAC over ``hash``
-authenticates the whole chain up to ``seq``: a re-hashed, forged chain needs a new head
-record, and only a key holder can write one.
+**The key.** With a ledger key (``key=`` or the environment: :data:`KEY_ENV` holds the key
+text, :data:`KEY_FILE_ENV` the path of a file holding it; at least :data:`MIN_KEY_BYTES`
+bytes), ``key_id`` is a fingerprint of the key (never the key) and ``mac`` HMAC-SHA256 under
+the key of the slot's record and generation; every other byte of the slot follows from them,
+so the MAC covers the whole slot, its place (``g % 2``) included. Each entry's hash covers the
+entry before it, so the MAC over ``hash`` authenticates the whole chain up to ``seq``: a
+re-hashed, forged chain needs a new head record, and only a key holder can write one. With a
+key, a head file is accepted only in a state that privkit's writes and crashes leave
+(:func:`select`, :func:`check`):
+
+* both slots whole and authentic, at consecutive generations in their places: the higher one
+  is current;
+* one slot not whole: only when the journal is *ahead* of the other slot's record (a crash
+  after the batch's fsync, during the slot's write); a journal that ends at that record means
+  the newer record was destroyed, and is refused;
+* the one-line layout of earlier privkits (one record, no generation): refused, since a copy
+  of an older authentic record looks the same;
+* two slots of an earlier privkit (format 1: the MAC, inside the record, leaves the generation
+  out): read by the same rules, and the current record must name a later entry than the
+  other (identical slots, or a current record behind the other, may be a copy of the older
+  record: refused, see the message). The next write replaces the file in the current format.
+
+Without a key nothing is authenticated: the current record is the whole slot of the higher
+generation, whatever the journal, and anyone who can write the directory can write a head
+record (``docs/reliability.md``, the threat model).
 
 Example:
     >>> head = Head(seq=-1, hash="ab" * 32, size=120, header_hash="ab" * 32)
@@ -38,22 +61,28 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from privkit.errors import InvalidParameterError, LedgerError
 
-__all__ = ["SCHEMA", "KEY_ENV", "KEY_FILE_ENV", "MIN_KEY_BYTES", "Head", "HeadUnreadable",
-           "Problem", "check", "head_path", "load_key", "key_id", "read_head", "write_head",
-           "fsync_dir", "dir_lock", "SLOT"]
+__all__ = ["SCHEMA", "SCHEMA_V1", "KEY_ENV", "KEY_FILE_ENV", "MIN_KEY_BYTES", "Head",
+           "HeadFile", "HeadUnreadable", "Problem", "Reading", "Slot", "check", "head_path",
+           "load_key", "key_id", "open_for_write", "read_file", "read_head", "select",
+           "write_head", "fsync_dir", "dir_lock", "SLOT"]
 
-SCHEMA = "privkit.ledger-head/1"
+SCHEMA = "privkit.ledger-head/2"
+"""Schema of the record in each slot this privkit writes (its MAC is the slot's)."""
+SCHEMA_V1 = "privkit.ledger-head/1"
+"""Schema of earlier privkits' records: the one-line layout, and slots of format 1 (the MAC,
+a field of the record, leaves the generation out)."""
 SLOT = 512
 """Bytes of each of the head file's two slots (one disk sector)."""
 KEY_ENV = "PRIVKIT_LEDGER_KEY"
@@ -62,7 +91,10 @@ KEY_FILE_ENV = "PRIVKIT_LEDGER_KEY_FILE"
 """Environment variable holding the path of a file whose bytes are the ledger key (a trailing
 newline is ignored)."""
 MIN_KEY_BYTES = 16
-_FIELDS = frozenset({"hash", "header_hash", "key_id", "mac", "schema", "seq", "size"})
+_FIELDS = frozenset({"hash", "header_hash", "key_id", "schema", "seq", "size"})
+_FIELDS_V1 = _FIELDS | {"mac"}
+_SLOT_MAC = b"privkit.ledger-head/2 slot\n"
+"""What a slot's MAC input starts with (no other MAC of the key can pass for one)."""
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                            allow_nan=False).encode
 
@@ -120,7 +152,12 @@ class HeadUnreadable(Exception):
 
 @dataclass(frozen=True)
 class Head:
-    """The last committed entry of a journal (seq -1: only the header), as recorded."""
+    """The last committed entry of a journal (seq -1: only the header), as recorded.
+
+    ``key_id`` is the fingerprint of the key a record was written with (None: none);
+    ``mac`` only the MAC of a record of :data:`SCHEMA_V1` (a slot of this privkit keeps its
+    MAC in the slot, :class:`Slot`).
+    """
 
     seq: int
     hash: str
@@ -131,19 +168,27 @@ class Head:
 
     def _body(self) -> dict[str, Any]:
         return {"hash": self.hash, "header_hash": self.header_hash, "key_id": self.key_id,
-                "schema": SCHEMA, "seq": self.seq, "size": self.size}
+                "schema": SCHEMA_V1, "seq": self.seq, "size": self.size}
 
     def _mac(self, key: bytes) -> str:
         return hmac.new(key, _encode(self._body()).encode("utf-8"), hashlib.sha256).hexdigest()
 
     def to_bytes(self, key: bytes | None) -> bytes:
-        """The record's line, authenticated with ``key`` when one is given."""
+        """The record's line in the one-line layout of earlier privkits (:data:`SCHEMA_V1`),
+        authenticated with ``key`` when one is given. This privkit reads that layout and
+        never writes it (:func:`write_head` writes slots)."""
         head = replace(self, key_id=None if key is None else key_id(key))
         fields = head._body() | {"mac": None if key is None else head._mac(key)}
         return (_encode(fields) + "\n").encode("utf-8")
 
+    def record(self, key: bytes | None) -> bytes:
+        """The record of a slot of this privkit (:data:`SCHEMA`; no MAC in it)."""
+        return _encode({"hash": self.hash, "header_hash": self.header_hash,
+                        "key_id": None if key is None else key_id(key), "schema": SCHEMA,
+                        "seq": self.seq, "size": self.size}).encode("utf-8")
+
     def verifies(self, key: bytes) -> bool:
-        """Whether the record's MAC is the one ``key`` gives."""
+        """Whether the MAC of a :data:`SCHEMA_V1` record is the one ``key`` gives."""
         return self.mac is not None and hmac.compare_digest(self.mac, self._mac(key))
 
     def describe(self) -> str:
@@ -151,69 +196,281 @@ class Head:
 
     @classmethod
     def parse(cls, data: bytes, path: str | None) -> Head:
-        """The record in ``data`` (the MAC is not checked here).
+        """The :data:`SCHEMA_V1` record in ``data`` (the MAC is not checked here).
 
         Raises:
-            HeadUnreadable: not a head record of this schema.
+            HeadUnreadable: not a head record of that schema.
         """
-        try:
-            obj = json.loads(data.decode("utf-8"))
-        except (ValueError, RecursionError):
-            raise HeadUnreadable(f"{path}: not a JSON head record") from None
-        if not isinstance(obj, Mapping) or obj.get("schema") != SCHEMA or set(obj) != _FIELDS:
-            raise HeadUnreadable(f"{path}: not a {SCHEMA} record")
-        seq, size = obj["seq"], obj["size"]
-        ok = (all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size))
-              and seq >= -1 and size > 0
-              and all(_is_hex(obj[k], 64) for k in ("hash", "header_hash"))
-              and (obj["mac"] is None or _is_hex(obj["mac"], 64))
-              and (obj["key_id"] is None or _is_hex(obj["key_id"], 16))
-              and (obj["mac"] is None) == (obj["key_id"] is None))
-        if not ok:
+        obj = _json_record(data, path, SCHEMA_V1, _FIELDS_V1)
+        if not ((obj["mac"] is None or _is_hex(obj["mac"], 64))
+                and (obj["mac"] is None) == (obj["key_id"] is None)):
             raise HeadUnreadable(f"{path}: a field of the head record has the wrong type")
-        return cls(seq, obj["hash"], size, obj["header_hash"], obj["key_id"], obj["mac"])
+        return cls(obj["seq"], obj["hash"], obj["size"], obj["header_hash"], obj["key_id"],
+                   obj["mac"])
+
+
+def _json_record(data: bytes, path: str | None, schema: str,
+                 fields: frozenset[str]) -> dict[str, Any]:
+    """The JSON object of a head record of ``schema`` with ``fields``, its common fields
+    checked."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise HeadUnreadable(f"{path}: not a JSON head record") from None
+    if not isinstance(obj, Mapping) or obj.get("schema") != schema or set(obj) != fields:
+        raise HeadUnreadable(f"{path}: not a {schema} record")
+    seq, size = obj["seq"], obj["size"]
+    ok = (all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size))
+          and seq >= -1 and size > 0
+          and all(_is_hex(obj[k], 64) for k in ("hash", "header_hash"))
+          and (obj["key_id"] is None or _is_hex(obj["key_id"], 16)))
+    if not ok:
+        raise HeadUnreadable(f"{path}: a field of the head record has the wrong type")
+    return dict(obj)
+
+
+def _is_hex(value: Any, length: int) -> bool:
+    return (isinstance(value, str) and len(value) == length
+            and all(c in "0123456789abcdef" for c in value))
+
+
+def _slot_mac(key: bytes, body: bytes) -> str:
+    """The MAC of a slot whose record and generation are ``body`` (``record\\tgen``)."""
+    return hmac.new(key, _SLOT_MAC + body, hashlib.sha256).hexdigest()
+
+
+def _checksum(data: bytes) -> bytes:
+    return hashlib.sha256(data).hexdigest()[:32].encode()
 
 
 @dataclass(frozen=True)
+class Slot:
+    """A whole slot of a head file: its place ``index`` (0 or 1), record, generation,
+    ``version`` (2: this privkit's; 1: an earlier privkit's, whose MAC is the record's and
+    leaves the generation out) and, for version 2, its MAC (None: written without a key)
+    and ``body``, the bytes the MAC is of (the record and the generation as written)."""
+
+    index: int
+    head: Head
+    gen: int
+    version: int
+    mac: str | None = None
+    body: bytes = field(default=b"", repr=False)
+
+    def keyed(self) -> bool:
+        """Whether the slot was written with a key."""
+        return self.head.key_id is not None
+
+    def verifies(self, key: bytes) -> bool:
+        """Whether ``key`` authenticates the slot (version 1: its record only)."""
+        if self.version == 1:
+            return self.head.verifies(key)
+        return (self.mac is not None and self.head.key_id == key_id(key)
+                and hmac.compare_digest(self.mac, _slot_mac(key, self.body)))
+
+    def describe(self) -> str:
+        return f"slot {self.index}: {self.head.describe()}, generation {self.gen}"
+
+
+def _slot_bytes(head: Head, gen: int, key: bytes | None) -> bytes:
+    """Slot ``gen % 2`` holding ``head`` at generation ``gen``, MACed with ``key`` if given."""
+    body = head.record(key) + b"\t%d" % gen
+    line = body + b"\t" + (b"-" if key is None else _slot_mac(key, body).encode())
+    line += b"\t" + _checksum(line) + b"\n"
+    if len(line) > SLOT:  # a slot is ~390 bytes; seq and size would need ~60 digits
+        raise LedgerError(f"head record of {len(line)} bytes does not fit a {SLOT}-byte slot")
+    return line + b" " * (SLOT - len(line))
+
+
+def _parse_slot(data: bytes, index: int, path: str | None) -> Slot | str:
+    """The slot in ``data`` (:data:`SLOT` bytes) at place ``index``, or why it is not whole.
+
+    Raises:
+        HeadUnreadable: the slot is whole (its checksum holds) but holds no head record.
+    """
+    line, newline, pad = data.partition(b"\n")
+    parts = line.split(b"\t")
+    if not newline or pad.strip(b" ") or len(parts) not in (3, 4):
+        return "not a slot (cut short, or overwritten)"
+    if not hmac.compare_digest(_checksum(line[:line.rindex(b"\t")]), parts[-1]):
+        return "its checksum fails (cut short, or changed)"
+    record, gen = parts[0], parts[1]
+    if not (gen.isdigit() and len(gen) <= 18 and (gen == b"0" or not gen.startswith(b"0"))):
+        raise HeadUnreadable(f"{path}: slot {index} has no generation number")
+    if len(parts) == 3:  # format 1: record (with its MAC), generation, checksum
+        return Slot(index, Head.parse(record, path), int(gen), 1)
+    obj = _json_record(record, path, SCHEMA, _FIELDS)
+    mac = parts[2].decode("ascii", "replace")
+    if not ((mac == "-") == (obj["key_id"] is None) and (mac == "-" or _is_hex(mac, 64))):
+        raise HeadUnreadable(f"{path}: slot {index} has a malformed MAC")
+    head = Head(obj["seq"], obj["hash"], obj["size"], obj["header_hash"], obj["key_id"])
+    return Slot(index, head, int(gen), 2, None if mac == "-" else mac,
+                record + b"\t" + gen)
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """What a head file holds: two slots (each a :class:`Slot`, or why it is not whole), or
+    one record in the one-line layout of earlier privkits (``record``)."""
+
+    path: str
+    slots: tuple[Slot | str, Slot | str] | None = None
+    record: Head | None = None
+
+    def whole(self) -> list[Slot]:
+        """The whole slots, by place."""
+        return [s for s in self.slots or () if isinstance(s, Slot)]
+
+    def current(self) -> Head:
+        """The record of the whole slot of the highest generation (of the first, if tied), or
+        the one-line record: what the file says without a key."""
+        whole = self.whole()
+        if not whole:
+            assert self.record is not None
+            return self.record
+        return max(whole, key=lambda s: s.gen).head
+
+
+def read_file(path: str) -> HeadFile | None:
+    """The head file at ``path``, or None if there is none.
+
+    Raises:
+        HeadUnreadable: the file is not a head record, or neither slot is whole.
+        OSError: it cannot be read (a directory, no permission, ...).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4096)
+    except FileNotFoundError:
+        return None
+    if len(data) != 2 * SLOT or b"\t" not in data:
+        return HeadFile(path, record=Head.parse(data, path))
+    slots = (_parse_slot(data[:SLOT], 0, path), _parse_slot(data[SLOT:], 1, path))
+    found = HeadFile(path, slots=slots)
+    if not found.whole():
+        raise HeadUnreadable(f"{path}: neither slot of the head record is whole")
+    return found
+
+
+def read_head(path: str) -> Head | None:
+    """The current record of the head file at ``path`` as it reads without a key (the whole
+    slot of the higher generation), or None if there is none.
+
+    Raises:
+        HeadUnreadable: the file is not a head record.
+        OSError: it cannot be read.
+    """
+    found = read_file(path)
+    return None if found is None else found.current()
+
+
+# ------------------------------------------------------------------- judgement
+@dataclass(frozen=True)
 class Problem:
     """How a journal disagrees with its head record: ``kind`` (a short code: ``missing``,
-    ``unreadable``, ``other``, ``unauthenticated``, ``needs-key``, ``bad-mac``, ``behind``,
-    ``diverged``) and a one-line ``message``."""
+    ``unreadable``, ``other``, ``unauthenticated``, ``needs-key``, ``bad-mac``, ``one-line``,
+    ``slots``, ``ambiguous``, ``spoilt``, ``behind``, ``diverged``) and a one-line
+    ``message``."""
 
     kind: str
     message: str
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What :func:`select` makes of a head file: the current record (None: there is none),
+    a ``problem`` that refuses the file whatever the journal holds (None: none), and
+    ``spoilt``, when a key is set and one slot is not whole, which one and why (the journal
+    must then be ahead of ``head``, :func:`check`)."""
+
+    head: Head | None
+    problem: Problem | None = None
+    spoilt: str | None = None
+
+
+def select(found: HeadFile | None, *, journal: str, key: bytes | None) -> Reading:
+    """The current record of the head file ``found`` (None: there is none) of the journal
+    ``journal``, and whether it is refused before the journal is compared with it.
+
+    Without a key: the whole slot of the higher generation (or the one-line record); refused
+    only when it was written with a key. With one: see the module doc.
+    """
+    where = head_path(journal)
+    if found is None:
+        if key is None:
+            return Reading(None)
+        return Reading(None, Problem("missing", f"{journal}: no head record ({where} is "
+                                     "missing) although a ledger key is set: deleting it "
+                                     "could hide a rollback"))
+    head = found.current()
+    if key is None:
+        if head.key_id is None:
+            return Reading(head)
+        return Reading(head, Problem("needs-key", f"{journal}: the head record {where} is "
+                                     f"authenticated (key id {head.key_id}); set {KEY_ENV} or "
+                                     f"{KEY_FILE_ENV} to open this ledger"))
+    if found.slots is None:
+        what = "carries no MAC" if head.key_id is None else f"key id {head.key_id}"
+        return Reading(head, Problem(
+            "one-line", f"{journal}: the head record {where} is in the one-line layout of an "
+            f"earlier privkit ({head.describe()}, {what}): with a ledger key set it is refused, "
+            "since it has no generation under a MAC and a copy of an older record looks the "
+            "same"))
+    whole = found.whole()
+    for s in whole:
+        if not s.keyed():
+            return Reading(head, Problem(
+                "unauthenticated", f"{journal}: the head record {where} carries no MAC "
+                f"({s.describe()}) although a ledger key is set (written without the key, or "
+                "forged)"))
+        if not s.verifies(key):
+            return Reading(head, Problem(
+                "bad-mac", f"{journal}: the head record {where} does not verify with this "
+                f"ledger key (key id {key_id(key)}; {s.describe()}, key id {s.head.key_id}): "
+                "forged, changed (its generation raised?), or written with another key"))
+    if len(whole) == 1:
+        spoilt = next(f"slot {i} ({why})" for i, why in enumerate(found.slots)
+                      if isinstance(why, str))
+        return Reading(head, spoilt=spoilt)
+    new, old = sorted(whole, key=lambda s: s.gen, reverse=True)
+    both = f"{new.describe()}; {old.describe()}"
+    if new.version != old.version or new.head.header_hash != old.head.header_hash:
+        return Reading(head, Problem(
+            "slots", f"{journal}: the slots of the head record {where} do not belong together "
+            f"({both}; formats {new.version} and {old.version}): privkit never writes such a "
+            "file"))
+    if new.version == 1 and new.head.seq <= old.head.seq:
+        return Reading(head, Problem(
+            "ambiguous", f"{journal}: the head record {where} was written by an earlier privkit "
+            "(slot format 1, generations not under the MAC) and cannot be told from a copy of "
+            f"an older record ({both}: the current one does not name a later entry)"))
+    if new.gen != old.gen + 1 or any(s.index != s.gen % 2 for s in whole):
+        return Reading(head, Problem(
+            "slots", f"{journal}: the slots of the head record {where} do not hold "
+            f"consecutive generations in their places ({both}): privkit never writes such a "
+            "file"))
+    return Reading(head)
+
+
 def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int,
           hash_at: Callable[[int], str], size_at: int | None,
-          key: bytes | None) -> Problem | None:
+          spoilt: str | None = None) -> Problem | None:
     """Whether the journal (``journal_seq``: its last committed entry; ``hash_at(seq)``: the
     hash of an entry; ``size_at``: its length through the batch that ends at ``head.seq``,
-    None if none does) agrees with its head record ``head`` (None: there is none).
+    None if none does) agrees with the head record ``head`` that :func:`select` chose (None:
+    there is none and none is needed).
 
     None means it does: the journal holds every committed entry, and perhaps a batch more
-    (a crash between the journal's fsync and the head record's). A missing head record is a
-    problem only when a key is set (without one it is a ledger from before head records).
+    (a crash between the journal's fsync and the head record's). With ``spoilt`` (one slot
+    not whole, a key set) the journal must be ahead of ``head``: that is what a crash
+    leaves, and a journal that ends at ``head`` means the newer record was destroyed.
     """
     where = head_path(journal)
     if head is None:
-        if key is None:
-            return None
-        return Problem("missing", f"{journal}: no head record ({where} is missing) although a "
-                       "ledger key is set: deleting it could hide a rollback")
+        return None
     if head.header_hash != header_hash:
         return Problem("other", f"{journal}: the head record {where} belongs to another journal "
                        f"(header hash {head.header_hash[:12]}..., this one {header_hash[:12]}...)")
-    if key is None and head.mac is not None:
-        return Problem("needs-key", f"{journal}: the head record {where} is authenticated (key "
-                       f"id {head.key_id}); set {KEY_ENV} or {KEY_FILE_ENV} to open this ledger")
-    if key is not None and head.mac is None:
-        return Problem("unauthenticated", f"{journal}: the head record {where} carries no MAC "
-                       "although a ledger key is set (written without the key, or forged)")
-    if key is not None and not head.verifies(key):
-        return Problem("bad-mac", f"{journal}: the head record {where} does not verify with this "
-                       f"ledger key (key id {key_id(key)}, the record's {head.key_id}): forged, "
-                       "or written with another key")
     if journal_seq < head.seq:
         return Problem("behind", f"{journal}: the journal ends at seq {journal_seq} (hash "
                        f"{hash_at(journal_seq)[:12]}...) but its head record {where} says "
@@ -228,62 +485,15 @@ def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int
         return Problem("diverged", f"{journal}: the journal holds {got} through entry "
                        f"{head.seq} but its head record {where} says {head.size}: the journal "
                        "was rewritten")
+    if spoilt is not None and journal_seq == head.seq:
+        return Problem("spoilt", f"{journal}: {spoilt} of the head record {where} is not whole "
+                       f"and the journal ends at the other slot's record ({head.describe()}): a "
+                       "crash leaves the journal a batch ahead of that record, so the newer "
+                       "record was destroyed (a rollback, or damage to the head file)")
     return None
 
 
-def _is_hex(value: Any, length: int) -> bool:
-    return (isinstance(value, str) and len(value) == length
-            and all(c in "0123456789abcdef" for c in value))
-
-
 # -------------------------------------------------------------------------- files
-def _slot_bytes(record: bytes, gen: int) -> bytes:
-    """One slot: ``record<TAB>gen<TAB>checksum`` and a newline, padded to :data:`SLOT`."""
-    body = record.rstrip(b"\n") + b"\t%d" % gen
-    line = body + b"\t" + hashlib.sha256(body).hexdigest()[:32].encode() + b"\n"
-    if len(line) > SLOT:  # a record is ~330 bytes; seq and size would need ~90 digits
-        raise LedgerError(f"head record of {len(line)} bytes does not fit a {SLOT}-byte slot")
-    return line + b" " * (SLOT - len(line))
-
-
-def _slots(data: bytes, path: str | None) -> tuple[Head, int] | None:
-    """The current (record, generation) of a two-slot file, None if ``data`` is not one;
-    :class:`HeadUnreadable` if it is one but no slot's checksum holds."""
-    if len(data) != 2 * SLOT or b"\t" not in data:
-        return None
-    best: tuple[Head, int] | None = None
-    for i in (0, 1):
-        line = data[i * SLOT:(i + 1) * SLOT].split(b"\n", 1)[0]
-        body, _, check_ = line.rpartition(b"\t")
-        record, _, gen = body.rpartition(b"\t")
-        if (not gen.isdigit() or len(check_) != 32
-                or not hmac.compare_digest(hashlib.sha256(body).hexdigest()[:32].encode(),
-                                           check_)):
-            continue  # a slot whose write never completed
-        head = Head.parse(record, path)
-        if best is None or int(gen) > best[1]:
-            best = (head, int(gen))
-    if best is None:
-        raise HeadUnreadable(f"{path}: neither slot of the head record is whole")
-    return best
-
-
-def read_head(path: str) -> Head | None:
-    """The head record at ``path`` (the current slot's), or None if there is none.
-
-    Raises:
-        HeadUnreadable: the file is not a head record.
-        OSError: it cannot be read.
-    """
-    try:
-        with open(path, "rb") as f:
-            data = f.read(4096)
-    except FileNotFoundError:
-        return None
-    found = _slots(data, path)
-    return Head.parse(data, path) if found is None else found[0]
-
-
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
@@ -296,46 +506,100 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def write_head(path: str, head: Head, key: bytes | None) -> None:
+def open_for_write(path: str) -> int:
+    """A descriptor of the head file at ``path`` open for reading and writing (for
+    :func:`write_head`), or -1 if there is none.
+
+    Raises:
+        OSError: it cannot be opened so (a directory, no permission, a read-only file system).
+    """
+    try:
+        return os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return -1
+
+
+def _current_for(data: bytes, key: bytes | None, header_hash: str) -> tuple[Slot | None, int]:
+    """The current slot of the two-slot ``data`` that a write with ``key`` for the journal
+    of ``header_hash`` may keep (whole, of this format, of that journal, authenticated by
+    ``key`` or written without a key as this write is; None if none is), and the highest
+    generation among such slots (-1: none)."""
+    if len(data) != 2 * SLOT:
+        return None, -1
+    usable = []
+    for i in (0, 1):
+        try:
+            s = _parse_slot(data[i * SLOT:(i + 1) * SLOT], i, None)
+        except HeadUnreadable:
+            continue
+        if (isinstance(s, Slot) and s.version == 2 and s.head.header_hash == header_hash
+                and (s.verifies(key) if key is not None else not s.keyed())):
+            usable.append(s)
+    if not usable:
+        return None, -1
+    best = max(usable, key=lambda s: s.gen)
+    return best, best.gen
+
+
+def write_head(path: str, head: Head, key: bytes | None, fd: int | None = None, *,
+               fresh: bool = False) -> None:
     """Make ``head`` the head record at ``path``, durably.
 
-    A two-slot file whose current slot is readable gets ``head`` in its other slot, in place,
-    with the next generation (one write, one fsync). Otherwise (no file, the one-line layout, no
-    whole slot) the file is replaced atomically by one whose slots both hold ``head``. The
-    temporary file has a fixed name (``<path>.tmp``): callers hold the journal's lock, so no two
-    writers use it at once, and a crash leaves at most that one file behind.
+    A head file whose current slot is usable (whole, of this format, of the same journal,
+    authenticated as this write is, in its place) gets ``head`` in its other slot, in place,
+    with the next generation (one write, one fsync). Otherwise (no file, an earlier layout or
+    format, no usable slot) the file is replaced atomically by one whose slots both hold
+    ``head``, at consecutive generations. The temporary file has a fixed name
+    (``<path>.tmp``): callers hold the journal's lock, so no two writers use it at once, and a
+    crash leaves at most that one file behind (removed when the write fails).
+
+    Args:
+        path: the head file.
+        head: the record.
+        key: the ledger key (None: none).
+        fd: a descriptor from :func:`open_for_write` to use (-1: there was no file); None:
+            open it here.
+        fresh: replace the file whatever it holds (a new ledger's: an earlier record at seq
+            -1 may be another journal's).
+
+    Raises:
+        OSError: the file cannot be written.
     """
-    record = head.to_bytes(key)
+    own = fd is None
+    if fd is None:
+        fd = -1 if fresh else open_for_write(path)
+    gen = 0
     try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        fd = -1
-    if fd >= 0:
-        try:
-            try:
-                found = _slots(os.pread(fd, 2 * SLOT + 1, 0), path)
-            except HeadUnreadable:
-                found = None
-            if found is not None:
-                gen = found[1] + 1
-                data = _slot_bytes(record, gen)
+        if fd >= 0 and not fresh:
+            current, top = _current_for(os.pread(fd, 2 * SLOT + 1, 0), key, head.header_hash)
+            gen = top + 1
+            if current is not None and current.index == current.gen % 2:
+                data = _slot_bytes(head, gen, key)
                 if os.pwrite(fd, data, (gen % 2) * SLOT) != len(data):
-                    raise OSError(28, "short write of the head record")
+                    raise OSError(errno.ENOSPC, "short write of the head record")
                 _datasync(fd)  # the file's size and name do not change
                 return
-        finally:
-            os.close(fd)
-    data = _slot_bytes(record, 0) * 2
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        if own and fd >= 0:
+            os.close(fd)
+    first, second = _slot_bytes(head, gen, key), _slot_bytes(head, gen + 1, key)
+    data = first + second if gen % 2 == 0 else second + first
+    tmp = path + ".tmp"
+    tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                  0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(tfd, view):]
+            os.fsync(tfd)
+        finally:
+            os.close(tfd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 

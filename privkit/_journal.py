@@ -45,13 +45,19 @@ from typing import Any, TypeGuard
 
 from privkit import _head, _validate
 from privkit.accountants.accountant import Method
-from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError, LedgerCorruptError, LedgerError
+from privkit.events.mechanisms import as_relation
 
 SCHEMA = "privkit.ledger/2"
 #: Formats this privkit reads: ``/1`` (every ``eps_after`` a number) and ``/2`` (``eps_after``
 #: may be null); it appends to a journal in the format of its header.
 SCHEMAS = ("privkit.ledger/1", SCHEMA)
+NOISE_READING = "per-contribution"
+"""What a noise multiplier means in a journal's events, recorded in every new header
+(``noise_reading``): stddev / C, C the bound on one contribution, under every relation (the
+accountant doubles the sensitivity under REPLACE_ONE, as Opacus and dp-accounting's PLD do). A
+header without it was written when a REPLACE_ONE noise multiplier meant stddev / (2C); under
+ADD_OR_REMOVE_ONE both readings are one."""
 canonical_json = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 """The canonical JSON text of a value (what entry hashes are computed over)."""
@@ -102,6 +108,37 @@ def eps_after(entry: Mapping[str, Any]) -> float | None:
     return None if eps is None else math.inf if eps == "inf" else float(eps)
 
 
+def errno_text(exc: OSError) -> str:
+    """``ENOSPC: No space left on device`` for an OSError (its text if it has no errno)."""
+    code = exc.errno
+    name = errno.errorcode.get(code) if isinstance(code, int) else None
+    if code is None or name is None:
+        return str(exc.strerror or exc)
+    return f"{name}: {exc.strerror or os.strerror(code)}"
+
+
+def fs_error(path: str, action: str, exc: OSError, then: str = "") -> LedgerError:
+    """The :class:`LedgerError` for a file-system error: ``<path>: cannot <action> (<errno
+    name>: <strerror>)`` and ``then`` (e.g. what was or was not changed)."""
+    return LedgerError(f"{path}: cannot {action} ({errno_text(exc)}){then}")
+
+
+def as_path(value: Any) -> str:
+    """``value`` as a journal path (a non-empty str or os.PathLike of one).
+
+    Raises:
+        InvalidParameterError: anything else (naming ``path``).
+    """
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        path = None
+    if not (isinstance(path, str) and path and "\0" not in path):
+        raise InvalidParameterError("path", value, "a file path (a non-empty str or "
+                                    "os.PathLike)")
+    return path
+
+
 def corrupt(path: str | None, lineno: int, msg: str) -> LedgerCorruptError:
     """The error for a bad line ``lineno`` (1: the header) of the journal ``path``."""
     return LedgerCorruptError(f"{path}: line {lineno}: {msg}")
@@ -124,17 +161,15 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------ header
 def make_header(population_id: Any, delta: Any, epsilon_budget: Any, method: Any,
-                neighboring_relation: Any, created: Any, schema: Any = SCHEMA) -> dict[str, Any]:
-    """A validated header (without its hash) of format ``schema`` (one of :data:`SCHEMAS`)."""
+                neighboring_relation: Any, created: Any, schema: Any = SCHEMA,
+                noise_reading: Any = NOISE_READING) -> dict[str, Any]:
+    """A validated header (without its hash) of format ``schema`` (one of :data:`SCHEMAS`)
+    recording ``noise_reading`` (:data:`NOISE_READING`; None: a header of an earlier privkit,
+    without the field)."""
     if not (isinstance(population_id, str) and population_id):
         raise InvalidParameterError("population_id", population_id, "a non-empty string")
-    relation = neighboring_relation
-    if isinstance(relation, str) and relation in NeighboringRelation.__members__:
-        relation = NeighboringRelation[relation]
-    if not isinstance(relation, NeighboringRelation):
-        names = ", ".join(NeighboringRelation.__members__)
-        raise InvalidParameterError("neighboring_relation", relation, f"one of {names}")
-    return {
+    relation = as_relation(neighboring_relation)
+    header = {
         "schema": schema, "kind": "header", "population_id": population_id,
         "delta": _validate.delta("delta", delta),
         "epsilon_budget": (None if epsilon_budget is None
@@ -142,6 +177,11 @@ def make_header(population_id: Any, delta: Any, epsilon_budget: Any, method: Any
         "method": Method.parse(method).value, "neighboring_relation": relation.name,
         "created": optional("created", created, str),
     }
+    if noise_reading is not None:
+        if noise_reading != NOISE_READING:
+            raise InvalidParameterError("noise_reading", noise_reading, repr(NOISE_READING))
+        header["noise_reading"] = noise_reading
+    return header
 
 
 def check_header(h: dict[str, Any] | None, path: str) -> dict[str, Any]:
@@ -161,14 +201,33 @@ def check_header(h: dict[str, Any] | None, path: str) -> dict[str, Any]:
     body = {k: v for k, v in h.items() if k != "hash"}
     if not _hash_matches(body, h.get("hash")):
         raise bad("header hash mismatch (the header was edited or damaged)")
+    reading = body.get("noise_reading")
+    if "noise_reading" in body and reading != NOISE_READING:
+        raise LedgerError(f"{path}: line 1: unknown noise_reading {reading!r} (this privkit "
+                          f"reads {NOISE_READING!r}): written by another privkit version, "
+                          "whose meaning of a noise multiplier this one would not apply; open "
+                          "it with that version")
     try:
         ok = make_header(*(body.get(k) for k in ("population_id", "delta", "epsilon_budget",
                                                  "method", "neighboring_relation",
-                                                 "created", "schema"))) == body
+                                                 "created", "schema", "noise_reading"))) == body
     except InvalidParameterError as exc:
         raise bad(f"invalid header: {exc}") from None
     if not ok:
         raise bad(f"unexpected header fields {sorted(h)}")
+    relation = body["neighboring_relation"]
+    if reading is None and relation == "REPLACE_ONE":
+        raise LedgerError(
+            f"{path}: the ledger was written when a REPLACE_ONE noise multiplier meant stddev "
+            "/ (2C); its epsilons would be re-read under the new reading (stddev / C, the "
+            "accountant doubling the sensitivity); it cannot be continued by this version; "
+            "report it with the version that wrote it, or start a new ledger")
+    if reading is None and relation != "ADD_OR_REMOVE_ONE":
+        raise LedgerError(
+            f"{path}: the ledger was written under {relation} before privkit recorded what a "
+            f"noise multiplier means ({NOISE_READING!r}: stddev / C), so its epsilons could be "
+            "re-read under another reading; it cannot be continued by this version; report it "
+            "with the version that wrote it, or start a new ledger")
     return h
 
 
@@ -280,12 +339,14 @@ def _temp_file(path: str) -> tuple[int, str]:
 def _durable_temp(path: str, data: bytes) -> str:
     fd, tmp = _temp_file(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
     return tmp
 
@@ -307,41 +368,66 @@ def create_file(path: str, header: Mapping[str, Any], key: bytes | None = None) 
 
     The head record (seq -1) is written first and the journal linked into place after it,
     so a crash leaves either no journal or a journal with its head record. Creation in one
-    directory is serialised by a lock on the directory.
+    directory is serialised by a lock on the directory. A failed write leaves no journal (at
+    most a head record at seq -1, which a later creation replaces).
 
     Raises:
         LedgerError: ``path`` exists (it is never clobbered), or it does not but a head
-            record says entries of it were committed (the journal was deleted or moved).
+            record says entries of it were committed (the journal was deleted or moved); its
+            directory does not exist; a file cannot be written (names it and the error).
     """
     data = (canonical_json(header) + "\n").encode("utf-8")
     head_file = _head.head_path(path)
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = _durable_temp(path, data)
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise LedgerError(f"{path}: cannot create the ledger: its directory {directory!r} "
+                          f"{what}")
+    nothing = "; nothing was created"
+    try:
+        tmp = _durable_temp(path, data)
+    except OSError as exc:
+        raise fs_error(path, "create the ledger", exc, nothing) from exc
     try:
         with _head.dir_lock(directory):
             if os.path.lexists(path):
                 raise _exists(path)
             try:
-                old = _head.read_head(head_file)
+                old = _head.read_file(head_file)
             except _head.HeadUnreadable as exc:
                 raise LedgerError(f"{path}: cannot create the ledger: {exc}; remove "
                                   f"{head_file} to start a new ledger deliberately") from None
-            if old is not None and old.seq >= 0:
+            except OSError as exc:
+                raise fs_error(head_file, "read", exc, nothing) from exc
+            seq = -1 if old is None else max(
+                [s.head.seq for s in old.whole()] or [old.current().seq])
+            if seq >= 0:
                 raise LedgerError(
                     f"{path} is missing but its head record {head_file} says entries up to "
-                    f"seq {old.seq} were committed: the journal was deleted or moved; restore "
+                    f"seq {seq} were committed: the journal was deleted or moved; restore "
                     f"it (spend is never reset), or remove {head_file} too to start a new "
                     "ledger deliberately")
-            _head.write_head(head_file, _head.Head(-1, header["hash"], len(data),
-                                                   header["hash"]), key)
+            try:
+                _head.write_head(head_file, _head.Head(-1, header["hash"], len(data),
+                                                       header["hash"]), key, fresh=True)
+            except OSError as exc:
+                raise fs_error(head_file, "write", exc, nothing) from exc
             try:
                 os.link(tmp, path)  # atomic, never clobbers (needs a POSIX file system)
             except FileExistsError:
                 raise _exists(path) from None
+            except OSError as exc:
+                raise fs_error(path, "create the ledger", exc, nothing) from exc
+            try:
+                _head.fsync_dir(directory)
+            except OSError as exc:  # not durable: undo, so that a retry starts afresh
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise fs_error(path, "create the ledger (syncing its directory)", exc,
+                               nothing) from exc
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    _head.fsync_dir(directory)
     return len(data)
 
 
@@ -541,13 +627,33 @@ class Journal:
 
     def _write(self, path: str, data: bytes, seq: int, last_hash: str) -> None:
         """One write and fsync at the end of ``path`` (cutting off a torn tail first), then
-        the head record moved to ``seq`` (``last_hash``), all under the journal's lock."""
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        the head record moved to ``seq`` (``last_hash``), all under the journal's lock.
+
+        A file-system error before the batch is durable leaves the journal as it was (the
+        write is cut off) and raises :class:`LedgerError`; nothing is recorded, and the same
+        charge may be retried. The head file is opened for writing first, so one that cannot
+        be written (a directory, no permission, a read-only file system) is refused before
+        the journal is touched.
+        """
+        assert self.head_file is not None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
-            if os.fstat(fd).st_size != self._known_size:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise fs_error(path, "open the journal for appending", exc, _NOTHING) from exc
+        head_fd = -1
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+                size = os.fstat(fd).st_size
+            except OSError as exc:
+                raise fs_error(path, "lock the journal", exc, _NOTHING) from exc
+            if size != self._known_size:
                 raise LedgerError(f"{path} changed since it was read (another writer?); "
                                   "reopen it")
+            try:
+                head_fd = _head.open_for_write(self.head_file)
+            except OSError as exc:
+                raise fs_error(self.head_file, "write", exc, _NOTHING) from exc
             try:
                 if self._valid_size != self._known_size:
                     os.ftruncate(fd, self._valid_size)  # bytes no fsync ever acknowledged
@@ -555,25 +661,42 @@ class Journal:
                 _write_all(fd, data)
                 os.fsync(fd)
             except BaseException as exc:
-                try:  # unacknowledged: cut it off, so the file stays whole batches
-                    os.ftruncate(fd, self._valid_size)
-                    os.fsync(fd)
-                    self._known_size = self._valid_size
-                except OSError:
-                    self._broken = repr(exc)
+                self._cut(fd, exc)
+                if isinstance(exc, OSError):
+                    then = (_NOTHING if self._broken is None else
+                            "; it could not be cut off either: reopen the ledger")
+                    raise fs_error(path, "write the journal", exc, then) from exc
                 raise
             self._valid_size = self._known_size = self._valid_size + len(data)
-            assert self.head_file is not None
             head = _head.Head(seq, last_hash, self._valid_size, self.header_hash)
             try:
-                _head.write_head(self.head_file, head, self._key)
+                _head.write_head(self.head_file, head, self._key, fd=head_fd)
             except OSError as exc:
                 # The batch is durable: the journal is one batch ahead of its head record,
                 # which the next open accepts and repairs. Refuse to go on until then.
                 self._broken = f"head record not updated: {exc!r}"
                 raise LedgerError(
                     f"{path}: the charge is durable in the journal but its head record "
-                    f"{self.head_file} could not be updated ({exc.strerror or exc}); reopen "
+                    f"{self.head_file} could not be updated ({errno_text(exc)}); reopen "
                     "the ledger") from exc
         finally:
+            if head_fd >= 0:
+                os.close(head_fd)
             os.close(fd)
+
+    def _cut(self, fd: int, exc: BaseException) -> None:
+        """Cut an unacknowledged write off the journal, so the file stays whole batches. The
+        cut needs no fsync of its own: the next batch's fsync makes it durable, and a crash
+        before leaves at most that write, complete (counted: over, never under) or torn
+        (ignored). Only when the cut fails is the ledger refused until reopened."""
+        try:
+            os.ftruncate(fd, self._valid_size)
+        except OSError:
+            self._broken = repr(exc)
+            return
+        self._known_size = self._valid_size
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+
+
+_NOTHING = "; nothing was recorded"

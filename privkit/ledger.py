@@ -41,14 +41,21 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from privkit import _head, _journal, _reopen, _validate
 from privkit._dpa import dp_event
-from privkit._journal import SCHEMA, atomic_write_bytes, canonical_json, is_int, optional
+from privkit._journal import (
+    NOISE_READING,
+    SCHEMA,
+    atomic_write_bytes,
+    canonical_json,
+    is_int,
+    optional,
+)
 from privkit.accountants.accountant import Method
 from privkit.accountants.budget import States
 from privkit.accountants.rules import Composition, NeighboringRelation, flatten
@@ -68,8 +75,8 @@ if TYPE_CHECKING:
 else:
     DpEvent = dp_event.DpEvent
 
-__all__ = ["SCHEMA", "Ledger", "LedgerPointer", "LedgerReport", "SpendReceipt",
-           "atomic_write_bytes"]
+__all__ = ["NOISE_READING", "SCHEMA", "Ledger", "LedgerPointer", "LedgerReport",
+           "SpendReceipt", "atomic_write_bytes"]
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,21 @@ def _client_ids(value: Any, *, unique: bool = False) -> list[str]:
     return ids
 
 
+def _created(value: Any) -> str:
+    """``value`` if it is an ISO-8601 UTC timestamp with a time (as :func:`_now_iso` writes),
+    else :class:`InvalidParameterError` naming ``created``."""
+    when = None
+    if isinstance(value, str) and "T" in value:
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    if when is None or when.utcoffset() != timedelta(0):
+        raise InvalidParameterError("created", value, "an ISO-8601 UTC timestamp such as "
+                                    "'2024-01-01T00:00:00+00:00' (or None: now)")
+    return str(value)
+
+
 def _now_iso() -> str:
     """Now (UTC, seconds), or ``SOURCE_DATE_EPOCH`` when set: deterministic runs then write
     byte-identical ledgers (the header's time is the only wall-clock field)."""
@@ -217,6 +239,9 @@ class Ledger:
         self.method = Method.parse(header["method"])
         self.neighboring_relation = NeighboringRelation[header["neighboring_relation"]]
         self.created: str | None = header["created"]
+        self.noise_reading: str | None = header.get("noise_reading")
+        """What a noise multiplier means in the ledger's events (:data:`NOISE_READING`; None:
+        a ledger of an earlier privkit under ADD_OR_REMOVE_ONE, where the readings agree)."""
         self._journal = _journal.Journal(header["hash"], path, size, key,
                                          header["schema"])  # chains and file
         # per client (by index): composition state id, cached eps_after (None: not priced)
@@ -255,11 +280,15 @@ class Ledger:
             delta: target delta in (0, 1) of every reported epsilon.
             epsilon_budget: per-client budget, finite and > 0; None: no budget.
             method: the accounting method (upper bounds), fixed for the ledger.
-            neighboring_relation: dp-accounting's relation (or its name).
-            created: header timestamp (default: the time given by the
+            neighboring_relation: dp-accounting's relation (or its name: ``"add-remove"``,
+                ``"replace-one"``, ``"zero-out"``, ...). Noise multipliers are stddev / C, C the
+                bound on one contribution, under every relation (:data:`NOISE_READING`,
+                recorded in the header).
+            created: header timestamp, an ISO-8601 UTC timestamp such as
+                ``"2024-01-01T00:00:00+00:00"`` (default: the time given by the
                 ``SOURCE_DATE_EPOCH`` environment variable if it is set, the
-                reproducible-builds convention, else now; UTC); fix it for
-                byte-identical ledgers across runs.
+                reproducible-builds convention, else now); fix it for byte-identical ledgers
+                across runs.
             key: the ledger key that authenticates the head record (HMAC-SHA256; at least
                 16 bytes); None: the ``PRIVKIT_LEDGER_KEY`` environment variable (the key
                 text) or ``PRIVKIT_LEDGER_KEY_FILE`` (a file holding it), else no key.
@@ -267,16 +296,17 @@ class Ledger:
         Raises:
             InvalidParameterError: a bad argument (named in the message).
             LedgerError: ``path`` already exists, or its head record says a journal of
-                that name held entries (it was deleted: spend is never reset).
+                that name held entries (it was deleted: spend is never reset); its directory
+                does not exist; a file cannot be written (named, with the error: nothing is
+                created).
         """
-        if created is None:
-            created = _now_iso()
+        created = _now_iso() if created is None else _created(created)
         header = _journal.make_header(population_id, delta, epsilon_budget, method,
                                       neighboring_relation, created)
         header["hash"] = _journal.hash_hex(header)
         if path is None:
             return cls(header, None)
-        path = os.fspath(path)
+        path = _journal.as_path(path)
         k = _head.load_key(key)
         return cls(header, path, _journal.create_file(path, header, k), k)
 
@@ -296,11 +326,18 @@ class Ledger:
             key: the ledger key (see :meth:`create`); None: from the environment, if set.
 
         Raises:
+            InvalidParameterError: ``path`` is not a file path, or a bad key.
             LedgerCorruptError: a malformed, edited or missing entry (the message
                 names the line), or an unknown or newer schema.
             LedgerHeadError: the journal is behind its head record, was rewritten, or the
-                record is unreadable, missing (with a key) or not authenticated by the key.
-            LedgerError: there is no journal at ``path``.
+                record is unreadable, missing (with a key) or not authenticated by the key;
+                with a key, also a head file that privkit's writes and crashes cannot leave
+                (a destroyed current slot, slots out of order, the one-line layout of
+                earlier privkits: :mod:`privkit._head`).
+            LedgerError: there is no journal at ``path``; a file cannot be read (named, with
+                the error); the header was written when a REPLACE_ONE noise multiplier meant
+                stddev / (2C) (no ``noise_reading``, :data:`NOISE_READING`), or records a
+                reading this privkit does not know.
         """
         ledger, problem, head = _reopen.read(cls, path, key)
         if problem is not None:
@@ -322,7 +359,8 @@ class Ledger:
         Raises:
             InvalidParameterError: ``reason`` is not a non-empty string.
             LedgerError: there is nothing to recover (the journal agrees with its head
-                record), or no journal at ``path``.
+                record), or no journal at ``path``; a file cannot be read or written; the
+                header records another reading of the noise multiplier (as :meth:`open`).
             LedgerCorruptError: the journal itself is damaged (recovery does not mend it).
         """
         if not (isinstance(reason, str) and reason.strip()):
@@ -471,7 +509,9 @@ class Ledger:
             BudgetExceededError: a client would exceed the budget (names them).
             InvalidParameterError: a bad argument (named in the message).
             UnsupportedEventError: the ledger's method cannot price the event.
-            LedgerError: the journal cannot be appended to (see message).
+            LedgerError: the journal cannot be appended to: another writer, or a file-system
+                error (the file and the error named; nothing is recorded and the charge may
+                be retried, unless the message says the charge is durable: then reopen).
         """
         return self.spend_many([(client_ids, event, count)], label=label, round=round,
                                step=step, run_id=run_id, meta=meta)
@@ -497,7 +537,9 @@ class Ledger:
             BudgetExceededError: a client would exceed the budget (names them).
             InvalidParameterError: a bad argument, or a client in two charges (named).
             UnsupportedEventError: the ledger's method cannot price an event.
-            LedgerError: the journal cannot be appended to (see message).
+            LedgerError: the journal cannot be appended to: another writer, or a file-system
+                error (the file and the error named; nothing is recorded and the charge may
+                be retried, unless the message says the charge is durable: then reopen).
         """
         groups = []
         for charge in charges:

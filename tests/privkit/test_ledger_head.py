@@ -40,17 +40,18 @@ def head_file(path) -> Path:
 
 
 def head_of(path) -> dict:
-    """The current record of a head file as written (the slot of the higher generation; a
-    file in the one-line layout is the record)."""
+    """The current record of a head file as written (the slot of the higher generation, with
+    its ``gen`` and ``mac``; a file in the one-line layout is the record)."""
     data = head_file(path).read_bytes()
     if len(data) != 2 * _head.SLOT:
         return json.loads(data)
     slots = []
     for i in (0, 1):
-        record, gen, _check = data[i * _head.SLOT:(i + 1) * _head.SLOT].split(
-            b"\n", 1)[0].rsplit(b"\t", 2)
-        slots.append((int(gen), json.loads(record)))
-    return max(slots, key=lambda s: s[0])[1]
+        record, gen, mac, _check = data[i * _head.SLOT:(i + 1) * _head.SLOT].split(
+            b"\n", 1)[0].split(b"\t")
+        slots.append(json.loads(record) | {"gen": int(gen),
+                                           "mac": None if mac == b"-" else mac.decode()})
+    return max(slots, key=lambda s: s["gen"])
 
 
 def canonical(d):
@@ -278,7 +279,7 @@ def test_failed_head_write_keeps_the_charge_and_refuses_until_reopened(tmp_path,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_head, "write_head", full_disk)
-    with pytest.raises(LedgerError, match=r"durable in the journal .*\(No space left"):
+    with pytest.raises(LedgerError, match=r"durable in the journal .*\(ENOSPC: No space left"):
         led.spend(["a", "b"], Z, label="upd")
     with pytest.raises(LedgerError, match="reopen"):
         led.spend("c", Z, label="upd")

@@ -5,8 +5,11 @@
 - **Per-example gradients** (:mod:`privkit.torch.grads`): ghost clipping for ``Linear``,
   ``Conv1d/2d/3d``, ``Embedding``, ``LayerNorm``, ``GroupNorm`` and ``RMSNorm``, with
   ``torch.func`` for any other layer, or ``torch.func`` for the whole model
-  (:class:`GradMethod`); layers that mix the examples of a batch (BatchNorm in training
-  mode, ...) are refused by name (:func:`check_module`).
+  (:class:`GradMethod`; recurrent layers get it under ``GHOST`` too); layers that mix the
+  examples of a batch (BatchNorm in training mode, ...) are refused by name
+  (:func:`check_module`), and so is, under ``GHOST``, a parameter used outside its own
+  module (tied weights). An example whose gradient holds NaN or inf contributes zeros, or
+  raises (``nonfinite=``, :class:`~privkit.mechanisms.NonFiniteUpdates`).
 - **A plain training loop** (:func:`make_private`, :class:`DpSgd`): Poisson batches,
   per-example clipping, Gaussian noise on the model's device, the sum divided by the expected
   batch size, each step charged on an optional :class:`~privkit.ledger.Ledger` before its

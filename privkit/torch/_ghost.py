@@ -16,6 +16,15 @@ Two drivers share the recording and the rules:
   :func:`ghost` does) and gives the perturbations' shapes.
 
 Hooks live only while a forward runs (:func:`recording`).
+
+Both rely on each trainable parameter being used only inside the forward calls of the module
+that holds it (the rules see those calls only). :func:`plan` refuses a parameter registered
+under two modules; :func:`check_uses` walks the autograd graph of the loss and refuses a
+parameter that any operation outside its module's calls consumes (a tied output layer's
+``F.linear(h, emb.weight)``, ``nn.MultiheadAttention``'s use of ``out_proj.weight``): a
+call's operations are the graph nodes reachable from its outputs' gradient edges without
+passing its inputs' edges. :func:`func_only` names the layers that need ``torch.func`` for
+the whole model (recurrent layers return their state batch second).
 """
 
 from __future__ import annotations
@@ -34,22 +43,26 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from privkit.errors import InvalidParameterError
 from privkit.torch._layers import RULES, Parts, materialized
 
-__all__ = ["ghost", "ghost_clients", "trace"]
+__all__ = ["ghost", "ghost_clients", "trace", "func_only", "check_uses"]
 
 LossFn = Callable[[Any, Any], Tensor]
-Weighted = Callable[[Tensor], dict[str, Tensor]]
+#: ``weighted(f, drop)``: the clipped sums ``{name: sum_i f_i g_i}``; rows marked in the bool
+#: ``drop`` (None: none) contribute exactly 0, even where their values are NaN or inf.
+Weighted = Callable[[Tensor, "Tensor | None"], dict[str, Tensor]]
 
 
 @dataclass
 class _Call:
-    """One call of a planned module: its inputs, and the output leaves that require grad
-    (positions ``pos`` among the output's pytree leaves) with their gradient edges."""
+    """One call of a planned module: its inputs, the output leaves that require grad
+    (positions ``pos`` among the output's pytree leaves) with their gradient edges, and the
+    graph nodes of its tensor inputs' gradient edges (``ins``)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     pos: list[int]
     outs: list[Tensor]
     edges: list[Any]
+    ins: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +81,22 @@ class _Entry:
 
 
 _USE_FUNC = "(use GradMethod.FUNC)"
+
+
+def recurrent(m: nn.Module) -> bool:
+    """Whether ``m`` is a recurrent layer with trainable parameters (``nn.RNN``,
+    ``nn.LSTM``, ``nn.GRU``): it returns its final state with the batch on dimension 1,
+    which the per-module path cannot split per example."""
+    return isinstance(m, nn.RNNBase) and any(p.requires_grad for p in m.parameters())
+
+
+def func_only(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first layer (qualified name, layer) that needs ``torch.func`` for the whole model
+    (:func:`recurrent`), or None."""
+    for qual, m in module.named_modules():
+        if recurrent(m):
+            return qual or type(module).__name__, m
+    return None
 
 
 def plan(module: nn.Module) -> list[_Entry]:
@@ -105,8 +134,90 @@ def _record_edges(entry: _Entry, _: int) -> Callable[..., None]:
         leaves = [out] if isinstance(out, Tensor) else tree_flatten(out)[0]
         pos = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
         outs = [leaves[i] for i in pos]
-        entry.calls.append(_Call(args, kwargs, pos, outs, [get_gradient_edge(t) for t in outs]))
+        ins = args if not kwargs and all(isinstance(a, Tensor) for a in args) else tuple(
+            tree_flatten((args, kwargs))[0])
+        entry.calls.append(_Call(args, kwargs, pos, outs, [get_gradient_edge(t) for t in outs],
+                                 [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node
+                                  for t in ins if isinstance(t, Tensor) and t.requires_grad]))
     return hook
+
+
+def _inside(entry: _Entry) -> set[Any]:
+    """The autograd nodes of ``entry``'s calls: reachable from their outputs' gradient edges
+    without passing their inputs' edges (a module that writes to its input in place moves
+    that edge into its own call, and its parameters' uses then count as outside it: such a
+    module is for ``FUNC`` anyway, as ``torch.func`` cannot follow the write per module)."""
+    inside: set[Any] = set()
+    for call in entry.calls:
+        stop = set(call.ins)
+        stack = [e.node for e in call.edges if e.node not in stop and e.node not in inside]
+        inside.update(stack)
+        while stack:
+            for nxt, _ in stack.pop().next_functions:
+                if nxt is not None and nxt not in stop and nxt not in inside:
+                    inside.add(nxt)
+                    stack.append(nxt)
+    return inside
+
+
+_ACCUMULATE_GRAD: list[Any] = []
+
+
+def _accumulate_grad() -> Any:
+    """The type of the autograd node that accumulates a leaf's gradient."""
+    if not _ACCUMULATE_GRAD:
+        _ACCUMULATE_GRAD.append(type(get_gradient_edge(torch.zeros(1, requires_grad=True)).node))
+    return _ACCUMULATE_GRAD[0]
+
+
+def check_uses(entries: list[_Entry], root: Any) -> None:
+    """Refuse a planned parameter that an operation outside its module's calls consumes.
+
+    One walk of the autograd graph from ``root`` (the loss's ``grad_fn``) finds every node
+    that consumes a parameter (has an edge to its ``AccumulateGrad`` node); each must be one
+    of its module's own nodes (:func:`_inside`). Exact for what the gradient sees: a use
+    through ``F.linear(h, emb.weight)``, a view, a copy or a module that never calls the
+    holder; a use under ``no_grad`` or of ``.detach()`` contributes no gradient and is
+    not one.
+
+    Raises:
+        InvalidParameterError: naming the parameter and :attr:`GradMethod.FUNC`.
+    """
+    owned = {id(p) for entry in entries for p in entry.own.values()}
+    if root is None or not owned:
+        return
+    acc = _accumulate_grad()
+    users: dict[int, list[Any]] = {}
+    seen, stack = {root}, [root]
+    while stack:
+        node = stack.pop()
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            if type(nxt) is acc:  # a leaf: a parameter's (or an input's) AccumulateGrad
+                key = id(nxt.variable)
+                if key in owned:
+                    users.setdefault(key, []).append(node)
+            elif nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    inside: set[Any] | None
+    for entry in entries:  # the first in the model's order is named
+        inside = None
+        for n, p in entry.own.items():
+            nodes = users.get(id(p), [])
+            if nodes and inside is None:
+                inside = _inside(entry)
+            if inside is None or all(node in inside for node in nodes):
+                continue
+            where = ("which is never called" if not entry.calls else
+                     "e.g. by a tied layer's F.linear(h, weight), or by an in-place write "
+                     "to the module's input")
+            raise InvalidParameterError(
+                f"parameter {entry.full(n)!r}",
+                f"used outside the forward of {entry.label} ({type(entry.module).__name__}), "
+                f"{where}",
+                f"used by its own module only for method=GradMethod.GHOST {_USE_FUNC}")
 
 
 def _check_losses(losses: Any, shape: tuple[int, ...]) -> None:
@@ -123,25 +234,23 @@ def _traced(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: L
         losses = loss_fn(module(*inputs), targets)
         total = losses.sum()
     _check_losses(losses, (b,))
-    edges = [e for entry in entries for call in entry.calls for e in call.edges]
-    unused = [(entry, n, p) for entry in entries if not entry.calls for n, p in entry.own.items()]
-    found = torch.autograd.grad(total, edges + [p for _, _, p in unused],
-                                allow_unused=True) if edges or unused else ()
-    for (entry, n, _), g in zip(unused, found[len(edges):]):
-        if g is not None:
-            raise InvalidParameterError(
-                f"parameter {entry.full(n)!r}", "used outside the forward of the module holding it",
-                f"used by its own module only for method=GradMethod.GHOST {_USE_FUNC}")
+    check_uses(entries, total.grad_fn)
     for entry in entries:
         for call in entry.calls:
             for o in call.outs:
                 if o.dim() == 0 or o.shape[0] != b:
-                    raise InvalidParameterError(
-                        entry.label, f"an output of shape {tuple(o.shape)}",
-                        f"per-example outputs with a leading batch dimension {b} for "
-                        f"method=GradMethod.GHOST {_USE_FUNC}")
-    it = iter(found[:len(edges)])
+                    raise _batch_second(entry, tuple(o.shape), b)
+    edges = [e for entry in entries for call in entry.calls for e in call.edges]
+    found = torch.autograd.grad(total, edges, allow_unused=True) if edges else ()
+    it = iter(found)
     return entries, losses, [[next(it) for _ in call.edges] for e in entries for call in e.calls]
+
+
+def _batch_second(entry: _Entry, shape: tuple[int, ...], b: int) -> InvalidParameterError:
+    return InvalidParameterError(
+        entry.label, f"{type(entry.module).__name__} with an output of shape {shape}",
+        f"a module whose outputs hold the batch ({b} examples) on dimension 0 for "
+        f"method=GradMethod.GHOST, which splits them per example {_USE_FUNC}")
 
 
 def _present(g: Tensor | None) -> Tensor:
@@ -195,16 +304,17 @@ def _collect(entries: list[_Entry], parts: list[tuple[_Entry, Parts]], k: int, b
     for _, p in parts:
         sq = sq + p.sq
 
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        return {entry.full(n): v for entry, p in parts for n, v in p.weighted(f).items()}
+    def weighted(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
+        return {entry.full(n): v for entry, p in parts for n, v in p.weighted(f, drop).items()}
 
     return sq, weighted
 
 
 def ghost(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: LossFn,
           b: int) -> tuple[Tensor, Weighted]:
-    """One model: per-example squared norms ``(B,)`` float64 and ``f (B,) -> {name: sum_i
-    f_i g_i}`` over the trainable parameters of the modules that were called."""
+    """One model: per-example squared norms ``(B,)`` float64 and ``weighted(f (B,), drop)
+    -> {name: sum_i f_i g_i}`` over the trainable parameters of the modules that were called
+    (:data:`Weighted`)."""
     entries, losses, grads = _traced(module, inputs, targets, loss_fn, b)
     parts: list[tuple[_Entry, Parts]] = []
     it = iter(grads)
@@ -232,8 +342,9 @@ def ghost(module: nn.Module, inputs: tuple[Any, ...], targets: Any, loss_fn: Los
         parts.append((entry, materialized({n: v.unsqueeze(0) for n, v in total.items()})))
     sq, weighted = _collect(entries, parts, 1, b, losses.device)
 
-    def weighted1(f: Tensor) -> dict[str, Tensor]:
-        return {n: v[0] for n, v in weighted(f.unsqueeze(0)).items()}
+    def weighted1(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
+        d = None if drop is None else drop.unsqueeze(0)
+        return {n: v[0] for n, v in weighted(f.unsqueeze(0), d).items()}
 
     return sq[0], weighted1
 
@@ -269,7 +380,12 @@ class _Inject:
                     f"example ({len(entry.calls)}) for method=GradMethod.GHOST {_USE_FUNC}")
             leaves, spec = tree_flatten(out)
             for j, p in enumerate(entry.calls[c].pos):
-                leaves[p] = leaves[p] + self.eps[self.offset[e, c] + j]
+                eps = self.eps[self.offset[e, c] + j]
+                if not isinstance(leaves[p], Tensor) or leaves[p].shape != eps.shape:
+                    # one client's output is (B, *the traced shape[1:]) when the batch leads
+                    raise _batch_second(entry, tuple(getattr(leaves[p], "shape", ())),
+                                        int(eps.shape[0]) if eps.dim() else 0)
+                leaves[p] = leaves[p] + eps
             ins, in_spec = tree_flatten((args[:1], {}) if ruled else (args, kwargs))
             tensors = [x for x in ins if isinstance(x, Tensor)]
             b = int(leaves[entry.calls[c].pos[0]].shape[0]) if entry.calls[c].pos else -1
@@ -290,10 +406,10 @@ def trace(module: nn.Module, x1: Tensor, y1: Tensor, loss_fn: LossFn) -> list[_E
 def ghost_clients(module: nn.Module, params: Mapping[str, Tensor], rest: Mapping[str, Tensor],
                   x: Tensor, y: Tensor, loss_fn: LossFn, entries: list[_Entry] | None = None
                   ) -> tuple[Tensor, Weighted]:
-    """K models: per-example squared norms ``(K, B)`` float64 and ``f (K, B) -> {name:
-    (K, *shape)}`` clipped sums, for stacked ``params`` ``{name: (K, *shape)}`` on inputs
-    ``x (K, B, ...)`` and targets ``y (K, B, ...)``; ``entries`` from :func:`trace` (traced
-    here if None)."""
+    """K models: per-example squared norms ``(K, B)`` float64 and ``weighted(f (K, B), drop)
+    -> {name: (K, *shape)}`` clipped sums (:data:`Weighted`), for stacked ``params``
+    ``{name: (K, *shape)}`` on inputs ``x (K, B, ...)`` and targets ``y (K, B, ...)``;
+    ``entries`` from :func:`trace` (traced here if None)."""
     k, b = x.shape[:2]
     if entries is None:
         entries = trace(module, x[0, :1], y[0, :1], loss_fn)

@@ -47,34 +47,56 @@ Calls = list[tuple[Tensor, Tensor]]
 MATERIALISE_ELEMENTS = 1 << 22
 
 
+#: ``weighted(f, drop)``: the clipped sums for factors f ``(K, B)``; ``drop`` (bool
+#: ``(K, B)``, or None when no row needs it) marks rows that must contribute exactly 0 although
+#: their per-example values may be NaN or inf (``0 * nan`` is nan): their factor is 0 too.
+Weighted = Callable[[Tensor, "Tensor | None"], dict[str, Tensor]]
+
+
 class Parts:
     """One module's per-example squared norms ``sq`` ``(K, B)`` float64, and
-    ``weighted(f)``: the clipped sums ``{local parameter name: (K, *shape)}`` of
-    ``sum_i f_ki grad_ki`` for factors f ``(K, B)``."""
+    ``weighted(f, drop)``: the clipped sums ``{local parameter name: (K, *shape)}`` of
+    ``sum_i f_ki grad_ki`` for factors f ``(K, B)``, rows marked in ``drop`` left out
+    (:data:`Weighted`)."""
 
-    def __init__(self, sq: Tensor, weighted: Callable[[Tensor], dict[str, Tensor]]) -> None:
+    def __init__(self, sq: Tensor, weighted: Weighted) -> None:
         self.sq = sq
         self.weighted = weighted
 
 
 def _sumsq(x: Tensor, dims: int) -> Tensor:
-    """Squared norms over all but the first ``dims`` axes, summed in ``x``'s dtype (cascade
-    summation, relative error ``O(log n eps)``: the clip factor's margin covers it, see
-    :func:`privkit.torch.grads.clip_factors`); layers' norms are added up in float64."""
-    return (x * x).flatten(dims).sum(-1)
+    """Squared norms over all but the first ``dims`` axes (none left: a 0-dim parameter's
+    per-example gradients), summed in ``x``'s dtype (cascade summation, relative error
+    ``O(log n eps)``: the clip factor's margin covers it, see
+    :func:`privkit.torch.grads.clip_factors`); layers' norms are added up in float64. A
+    NaN or inf entry makes its row's sum NaN or inf."""
+    return (x * x).reshape(*x.shape[:dims], -1).sum(-1)
+
+
+def _rows_zeroed(x: Tensor, drop: Tensor | None) -> Tensor:
+    """``x`` ``(n, ...)`` with the rows marked in ``drop`` (any shape of n elements) set to
+    0 (their NaN and inf too); ``x`` itself when ``drop`` is None."""
+    if drop is None:
+        return x
+    return x.masked_fill(drop.reshape(-1, *([1] * (x.dim() - 1))), 0)
 
 
 def materialized(grads: Mapping[str, Tensor]) -> Parts:
-    """Parts of per-example gradients held in full, ``{name: (K, B, *shape)}``."""
+    """Parts of per-example gradients held in full, ``{name: (K, B, *shape)}`` (a 0-dim
+    parameter's are ``(K, B)``)."""
     grads = dict(grads)
     first = next(iter(grads.values()))
     sq = torch.zeros(first.shape[:2], dtype=torch.float64, device=first.device)
     for v in grads.values():
         sq = sq + _sumsq(v, 2)
 
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        return {n: torch.bmm(f.to(v.dtype).unsqueeze(1), v.flatten(2)).reshape(
-            v.shape[0], *v.shape[2:]) for n, v in grads.items()}
+    def weighted(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
+        out = {}
+        for n, v in grads.items():
+            k, b = v.shape[:2]
+            flat = _rows_zeroed(v.reshape(k * b, -1), drop).reshape(k, b, -1)
+            out[n] = torch.bmm(f.to(v.dtype).unsqueeze(1), flat).reshape(k, *v.shape[2:])
+        return out
 
     return Parts(sq, weighted)
 
@@ -110,17 +132,19 @@ def _outer(a: Tensor, g: Tensor, want: set[str], k: int) -> tuple[Tensor, Callab
         if "bias" in want:
             sq = sq + _sumsq(gb, 1)
 
-    def weighted(f: Tensor) -> dict[str, Tensor]:
+    def weighted(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
         fk = f.to(g.dtype).reshape(k, 1, -1)
         out = {}
         if "weight" in want:
             if per is not None:
-                out["weight"] = torch.bmm(fk, per.reshape(k, -1, o * i)).reshape(k, o, i)
+                p = _rows_zeroed(per, drop)
+                out["weight"] = torch.bmm(fk, p.reshape(k, -1, o * i)).reshape(k, o, i)
             else:
-                fg = (g * fk.reshape(-1, 1, 1)).reshape(k, -1, o)
-                out["weight"] = torch.bmm(fg.transpose(1, 2), a.reshape(k, -1, i))
+                fg = (_rows_zeroed(g, drop) * fk.reshape(-1, 1, 1)).reshape(k, -1, o)
+                out["weight"] = torch.bmm(fg.transpose(1, 2),
+                                          _rows_zeroed(a, drop).reshape(k, -1, i))
         if "bias" in want:
-            out["bias"] = torch.bmm(fk, gb.reshape(k, -1, o)).reshape(k, o)
+            out["bias"] = torch.bmm(fk, _rows_zeroed(gb, drop).reshape(k, -1, o)).reshape(k, o)
         return out
 
     return sq.reshape(k, -1), weighted
@@ -183,8 +207,8 @@ def _conv(module: Any, calls: Calls, want: set[str]) -> Parts:
         g = _cat([y.flatten(2).transpose(1, 2) for y in gs], dim=1)
         sq, outer = _outer(u, g, want, k)
 
-        def weighted(f: Tensor) -> dict[str, Tensor]:
-            out = outer(f)
+        def weighted(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
+            out = outer(f, drop)
             if "weight" in out:
                 out["weight"] = out["weight"].reshape(k, *w_shape)
             return out
@@ -220,7 +244,7 @@ def _embedding(module: nn.Embedding, calls: Calls, want: set[str]) -> Parts:
     ids = _cat([x.reshape(k * b, -1) for x, _ in calls], dim=1)
     g = _cat([y.reshape(k * b, -1, dim) for _, y in calls], dim=1)
     if module.padding_idx is not None:  # nn.Embedding never updates the padding row
-        g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
+        g = g.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0)
     owner = torch.arange(k * b, device=ids.device).unsqueeze(1).expand_as(ids)
     keys, inverse = torch.unique(owner * v + ids, return_inverse=True)
     rows = torch.zeros(keys.shape[0], dim, dtype=g.dtype, device=g.device)
@@ -230,8 +254,8 @@ def _embedding(module: nn.Embedding, calls: Calls, want: set[str]) -> Parts:
                   _sumsq(rows, 1).to(torch.float64))
     client = torch.div(owner, b, rounding_mode="floor")
 
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        fg = (g * f.to(g.dtype).reshape(-1, 1, 1)).reshape(-1, dim)
+    def weighted(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
+        fg = (_rows_zeroed(g, drop) * f.to(g.dtype).reshape(-1, 1, 1)).reshape(-1, dim)
         out = torch.zeros(k * v, dim, dtype=g.dtype, device=g.device)
         out.index_add_(0, (client * v + ids).reshape(-1), fg)
         return {"weight": out.reshape(k, v, dim)}
@@ -276,8 +300,8 @@ def _group_norm(module: nn.GroupNorm, calls: Calls, want: set[str]) -> Parts:
     def normalise(x: Tensor) -> Tensor:
         return F.group_norm(x, module.num_groups, None, None, module.eps)
 
-    def reduce(t: Tensor) -> Tensor:
-        return t.flatten(2).sum(2)
+    def reduce(t: Tensor) -> Tensor:  # (N, C, *) with * possibly empty: (N, C)
+        return t.reshape(t.shape[0], t.shape[1], -1).sum(2)
 
     return _affine(calls, want, normalise, reduce)
 

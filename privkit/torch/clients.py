@@ -25,6 +25,17 @@ batched path is tested against.
 Per-example gradients: ghost clipping with the clients under ``vmap`` (:class:`GradMethod`
 ``GHOST``, the default), ``vmap`` over the clients of ``vmap(grad)`` over the examples
 (``FUNC``), or a model's own clipped sum (:data:`ClippedSumFn`, e.g. closed-form norms).
+torch's recurrent layers (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``) cannot run with per-client
+parameters under ``vmap`` and are refused by name (train such a client with
+:func:`~privkit.torch.make_private`, or give a clipped sum of your own).
+
+Non-finite gradients (``nonfinite``, :class:`~privkit.mechanisms.NonFiniteUpdates`): a
+sampled example whose gradient holds NaN or inf contributes zeros, silently (``ZERO``, the
+default; the other examples' contributions are unchanged and the step is charged once), or
+raises (``RAISE``, for debugging: a record with NaN or inf in ``data`` is refused before
+anything is charged; a gradient that becomes non-finite later in the run raises at that step,
+when the run is already charged and nothing has been released). Unsampled filler rows never
+leak into a client's sum, whatever they hold.
 
 Parameters are a dict of ``(K, *shape)`` tensors; their flat layout (each flattened
 row-major, in the dict's order) is the layout of the noise and of a model's own
@@ -46,17 +57,20 @@ from torch import Tensor, nn
 import privkit
 from privkit import _validate
 from privkit._rng import SecureRandom
-from privkit.errors import InvalidParameterError
-from privkit.torch._ghost import ghost_clients, trace
+from privkit.errors import InvalidParameterError, NumericalError
+from privkit.mechanisms.aggregate import NonFiniteUpdates
+from privkit.torch._ghost import func_only, ghost_clients, trace
 from privkit.torch.grads import (
     GradMethod,
     LossFn,
     check_module,
+    check_nonfinite,
     clip_factors,
     cross_entropy_per_example,
     func_per_example_grads,
+    nonfinite_rows,
 )
-from privkit.torch.private import poisson_take, step_event
+from privkit.torch.private import check_ledger, poisson_take, step_event
 from privkit.torch.streams import ClientStreams, client_keys_tensor
 
 __all__ = ["ClientBatch", "LocalSgd", "ClientsDpSgd", "ClippedSumFn", "sampling_rates",
@@ -67,13 +81,17 @@ ClippedSumFn = Callable[[Tensor, Tensor, Tensor, Callable[[Tensor], Tensor]], Te
 
 ``theta (K, d)`` flat parameters, ``x (K, B, ...)``, ``y (K, B, ...)``; ``factor(norms)``
 maps the ``(K, B)`` float64 per-example gradient norms to the ``(K, B)`` factors (clip
-factor times the row weight, 0 on filler rows); the result is ``sum_b factor_kb g_kb``."""
+factor times the row weight, 0 on filler rows and on rows whose norm is NaN or inf); the
+result is ``sum_b factor_kb g_kb``. It must be deterministic: when some norm is not finite,
+it is called again with those rows replaced by a finite row of the same client (and factor
+0), since ``0 * nan`` is nan."""
 
 class ClientBatch(NamedTuple):
     """K clients' records, padded: client i's are rows ``0..sizes[i]-1``.
 
     Attributes:
-        x: ``(K, N, ...)`` inputs (padding rows must hold finite values).
+        x: ``(K, N, ...)`` inputs (padding rows never reach a client's sum, whatever they
+            hold).
         y: ``(K, N, ...)`` targets.
         sizes: ``(K,)`` integers n_i in [1, N].
     """
@@ -171,6 +189,9 @@ class ClientsDpSgd:
             (:data:`ClippedSumFn`), e.g. closed-form per-example norms, used instead of
             ``method``.
         method: :class:`GradMethod` for the module's per-example gradients (module docstring).
+        nonfinite: :class:`~privkit.mechanisms.NonFiniteUpdates`: a sampled example whose
+            gradient holds NaN or inf contributes zeros (``ZERO``, the default) or raises
+            (``RAISE``, for debugging; module docstring).
 
     Examples:
         >>> net = nn.Linear(3, 2)
@@ -190,19 +211,29 @@ class ClientsDpSgd:
     def __init__(self, module: nn.Module | None = None, *, l2_clip_norm: float,
                  noise_multiplier: float, loss_fn: LossFn | None = None,
                  clipped_grad_sum: ClippedSumFn | None = None,
-                 method: GradMethod = GradMethod.GHOST) -> None:
+                 method: GradMethod = GradMethod.GHOST,
+                 nonfinite: NonFiniteUpdates = NonFiniteUpdates.ZERO) -> None:
         if not isinstance(method, GradMethod):
             raise InvalidParameterError("method", method, "a privkit.torch.GradMethod")
         self.method = method
         self.l2_clip_norm = _validate.positive("l2_clip_norm", l2_clip_norm)
         self.noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
+        self.nonfinite = check_nonfinite(nonfinite)
         if module is None and clipped_grad_sum is None:
             raise InvalidParameterError("module", None, "a torch.nn.Module, or else "
                                         "clipped_grad_sum= (a model's own clipped sum)")
-        if module is not None:
-            check_module(module)
         if clipped_grad_sum is not None and not callable(clipped_grad_sum):
             raise InvalidParameterError("clipped_grad_sum", clipped_grad_sum, "a callable")
+        if module is not None:
+            check_module(module)
+            layer = func_only(module) if clipped_grad_sum is None else None
+            if layer is not None:
+                raise InvalidParameterError(
+                    f"module {layer[0]!r}", type(layer[1]).__name__,
+                    "a layer that runs with per-client parameters under torch.func.vmap "
+                    "(torch's recurrent layers do not, with either GradMethod): train each "
+                    "client with privkit.torch.make_private (GradMethod.FUNC), or give "
+                    "clipped_grad_sum=")
         self.module, self.loss_fn = module, loss_fn or cross_entropy_per_example
         self._own = clipped_grad_sum
 
@@ -283,7 +314,7 @@ class ClientsDpSgd:
                                             "as params) when proximal_mu > 0")
             bar = torch.cat([anchor[nm].reshape(1, -1) for nm in params], 1).to(first.dtype)
         ids = None
-        if ledger is not None:
+        if check_ledger(ledger) is not None:
             ids = list(keys.tolist() if client_ids is None else client_ids)
             if len(ids) != k:
                 raise InvalidParameterError("client_ids", client_ids, f"{k} ledger ids")
@@ -316,31 +347,67 @@ class ClientsDpSgd:
         return take, z.mul_(stddev)
 
     # ------------------------------------------------------------------ gradients
-    def _clipped(self, theta: Tensor, c: dict[str, Any], x: Tensor, y: Tensor, w: Tensor
-                 ) -> Tensor:
-        """(K, d): clipped per-example gradient sums of the rows (weights w) per client."""
+    def _clipped(self, theta: Tensor, c: dict[str, Any], x: Tensor, y: Tensor, w: Tensor,
+                 where: Callable[[Tensor], str]) -> Tensor:
+        """(K, d): clipped per-example gradient sums of the rows (weights w) per client; a
+        row whose norm is NaN or inf contributes 0 (or raises, named by ``where((k, j))``,
+        under ``RAISE``)."""
         dtype, shapes = theta.dtype, c["shapes"]
+        dropped: list[Tensor | None] = [None]
 
         def factor(norms: Tensor) -> Tensor:
-            return clip_factors(norms, self.l2_clip_norm, dtype, w)
+            drop = dropped[0] = nonfinite_rows(norms, w, self.nonfinite, where)
+            f = clip_factors(norms, self.l2_clip_norm, dtype, w)
+            return f if drop is None else f.masked_fill(drop, 0.0)
 
         if self._own is not None:
-            return self._own(theta, x, y, factor)
+            return self._own_sum(theta, x, y, w, factor, dropped)
         if self.method is GradMethod.FUNC:
             return self.func_clipped_grad_sum(theta, x, y, factor, shapes)
         assert self.module is not None
         sq, weighted = ghost_clients(self.module, _unflatten(theta, shapes), c["rest"], x, y,
                                      self.loss_fn, c["trace"])
-        summed = weighted(factor(sq.sqrt()))
+        f = factor(sq.sqrt())
+        summed = weighted(f, dropped[0])
         k = theta.shape[0]
         return torch.cat([summed[n].reshape(k, -1) if n in summed
                           else theta.new_zeros(k, math.prod(s)) for n, s in shapes.items()], 1)
+
+    def _own_sum(self, theta: Tensor, x: Tensor, y: Tensor, w: Tensor,
+                 factor: Callable[[Tensor], Tensor], dropped: list[Tensor | None]) -> Tensor:
+        """The model's own clipped sum; rows whose norm is not finite are replaced by a finite
+        row of the same client with factor 0 and the sum taken again (``0 * nan`` is nan
+        inside the model's function), a client without a finite row contributing 0."""
+        assert self._own is not None
+        out = self._own(theta, x, y, factor)
+        drop = dropped[0]
+        if drop is not None:
+            k, b = drop.shape
+            keep = ~drop
+            first = keep.to(torch.int8).argmax(1)
+            ar = torch.arange(k, device=drop.device)[:, None]
+            idx = torch.where(drop, first[:, None], torch.arange(b, device=drop.device)[None])
+            w2 = w.masked_fill(drop, 0.0)
+
+            def factor2(norms: Tensor) -> Tensor:
+                f = clip_factors(norms, self.l2_clip_norm, theta.dtype, w2)
+                return f.masked_fill(drop | ~torch.isfinite(norms), 0.0)
+
+            out = self._own(theta, x[ar, idx], y[ar, idx], factor2)
+            out = out.masked_fill(~keep.any(1)[:, None], 0.0)
+        if not bool(torch.isfinite(out).all()):
+            raise NumericalError("clipped_grad_sum returned NaN or inf although every row it "
+                                 "was asked to sum has a finite gradient norm: a model's own "
+                                 "clipped sum must be deterministic and give rows of factor 0 "
+                                 "a contribution of 0")
+        return out
 
     def func_clipped_grad_sum(self, theta: Tensor, x: Tensor, y: Tensor,
                               factor: Callable[[Tensor], Tensor],
                               shapes: Mapping[str, tuple[int, ...]]) -> Tensor:
         """The module's :data:`ClippedSumFn` by ``torch.func``: ``vmap`` over the clients of
-        ``vmap(grad)`` over the examples (materialised ``(K, B, d)``)."""
+        ``vmap(grad)`` over the examples (materialised ``(K, B, d)``); a row whose norm is
+        NaN or inf contributes 0."""
         assert self.module is not None
         module, loss_fn = self.module, self.loss_fn
         rest = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
@@ -351,9 +418,11 @@ class ClientsDpSgd:
 
         per = torch.func.vmap(one)(_unflatten(theta, shapes), x, y)
         k, b = x.shape[:2]
-        sq = sum((v * v).reshape(k, b, -1).sum(2).to(torch.float64) for v in per.values())
-        f = factor(torch.as_tensor(sq).sqrt()).to(theta.dtype)
-        return torch.cat([torch.einsum("kb,kbd->kd", f, v.reshape(k, b, -1))
+        sq = torch.as_tensor(sum((v * v).reshape(k, b, -1).sum(2).to(torch.float64)
+                                 for v in per.values()))
+        bad = ~torch.isfinite(sq)[..., None]
+        f = factor(sq.sqrt()).to(theta.dtype)
+        return torch.cat([torch.einsum("kb,kbd->kd", f, v.reshape(k, b, -1).masked_fill(bad, 0))
                           for v in per.values()], dim=1)
 
     # ------------------------------------------------------------------ runs
@@ -374,7 +443,7 @@ class ClientsDpSgd:
             rng: :class:`ClientStreams` (reproducible) or :class:`privkit.SecureRandom`.
             update: :class:`LocalSgd`; anchor: the global model ``{name: shape}`` for
                 ``proximal_mu``.
-            ledger: optional :class:`~privkit.ledger.Ledger`; every client with steps is
+            ledger: a :class:`~privkit.ledger.Ledger`, or None; every client with steps is
                 charged ``s_i`` steps of ``PoissonSampledDpEvent(q_i, GaussianDpEvent(z))``
                 before any noise is drawn (``label``, ``round``); over budget: nothing is
                 charged or trained (:class:`~privkit.BudgetExceededError`).
@@ -394,6 +463,8 @@ class ClientsDpSgd:
         width = x.shape[1]
         c["mask"] = torch.arange(width, device=dev)[None, :] < c["n"][:, None]
         self._prepare(c, x, y)
+        if self.nonfinite is NonFiniteUpdates.RAISE:
+            _refuse_nonfinite_records(x, y, c["mask"] & (c["steps"] > 0)[:, None])
         q, n, s_i = c["q"], c["n"], c["steps"]
         expected = (q * n.to(torch.float64))[:, None].to(dtype)
         stddev = self.noise_multiplier * self.l2_clip_norm
@@ -408,7 +479,12 @@ class ClientsDpSgd:
             active = [i for i in range(k) if todo[i] > s]
             take, z = self._draws(rng, gens, active, c, width, d, stddev)
             rows, w = _poisson_rows(take, c["mask"])
-            g = self._clipped(theta, c, x[ar, rows], y[ar, rows], w).add_(z).div_(expected)
+
+            def where(at: Tensor, rows: Tensor = rows, s: int = s) -> str:
+                return f"data.x[{int(at[0])}, {int(rows[at[0], at[1]])}] (step {s + 1})"
+
+            g = self._clipped(theta, c, x[ar, rows], y[ar, rows], w, where)
+            g = g.add_(z).div_(expected)
             _apply(update, theta, g, buf, c["bar"], None if len(active) == k else s_i > s)
         return {nm: v.clone() for nm, v in _unflatten(theta, c["shapes"]).items()}
 
@@ -455,8 +531,15 @@ class ClientsDpSgd:
                     xj = data.x[i, j].to(dev)
                     xj = xj.to(dtype) if xj.is_floating_point() else xj
                     gj = self._one_example(th, shapes, xj, data.y[i, j].to(dev))
-                    f = clip_factors(torch.linalg.vector_norm(gj.to(torch.float64))[None],
-                                     self.l2_clip_norm, dtype)
+                    norm = torch.linalg.vector_norm(gj.to(torch.float64))[None]
+                    if not bool(torch.isfinite(norm).all()):
+                        if self.nonfinite is NonFiniteUpdates.RAISE:
+                            raise InvalidParameterError(
+                                f"data.x[{i}, {j}]", f"a gradient norm of {float(norm[0])}",
+                                "an example with a finite per-example gradient "
+                                "(nonfinite=NonFiniteUpdates.RAISE)")
+                        continue  # ZERO: it contributes nothing
+                    f = clip_factors(norm, self.l2_clip_norm, dtype)
                     total += gj * f.to(dtype)
                 g = (total + z * stddev) / (q_i * n_i)
                 _apply(update, th, g[None], buf, c["bar"], None)
@@ -482,6 +565,21 @@ class ClientsDpSgd:
             grads = torch.autograd.grad(loss, list(p.values()), allow_unused=True)
         return torch.cat([(g if g is not None else torch.zeros_like(v)).reshape(-1)
                           for g, v in zip(grads, p.values())])
+
+
+def _refuse_nonfinite_records(x: Tensor, y: Tensor, live: Tensor) -> None:
+    """Under ``RAISE``: the first record (of a client with steps) holding NaN or inf in its
+    input or target, named, before anything is charged."""
+    k, n = live.shape
+    for name, t in (("data.x", x), ("data.y", y)):
+        if t.is_floating_point():
+            bad = ~torch.isfinite(t.reshape(k, n, -1)).all(2) & live
+            if bool(bad.any()):
+                i, j = (int(v) for v in torch.nonzero(bad)[0])
+                raise InvalidParameterError(
+                    f"{name}[{i}, {j}]", "a record holding NaN or inf",
+                    "finite records (nonfinite=NonFiniteUpdates.RAISE; ZERO would leave "
+                    "its gradient out)")
 
 
 def _apply(update: LocalSgd, theta: Tensor, g: Tensor, buf: Tensor, bar: Tensor | None,

@@ -18,13 +18,28 @@ default is cross-entropy). Layers that mix the examples of a batch are refused b
   can transform, and the reference the ghost path is tested against.
 
 ``GHOST`` assumes that each parameter is used only inside the forward of the module that
-holds it (a parameter shared by two modules, or used by another module's forward, as
-``nn.MultiheadAttention`` does with ``out_proj``, is refused by name: use ``FUNC`` there).
+holds it. A parameter registered under two modules, or consumed by any operation outside its
+module's calls (a tied output layer's ``F.linear(h, emb.weight)``; ``nn.MultiheadAttention``'s
+use of ``out_proj.weight``), is refused by name: use ``FUNC`` there. The check walks the
+autograd graph of every batch (:func:`privkit.torch._ghost.check_uses`), so it cannot miss a
+use the gradient sees. A model with a recurrent layer (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``,
+which return their state batch second) gets ``FUNC`` for the whole model under ``GHOST``, said
+once per model at INFO on the ``privkit.torch`` logger.
+
+Non-finite gradients (:class:`~privkit.mechanisms.NonFiniteUpdates`, argument ``nonfinite``):
+an example whose per-example gradient holds a NaN or an infinity (a NaN in its input, a model
+with an infinite output on it; also a norm that overflows) contributes exactly zeros by
+default (``ZERO``), silently: its contribution has norm 0 <= C and the others' are unchanged,
+so the sensitivity bound holds. ``RAISE`` raises instead, naming the example's row (for
+debugging: the error itself is outside any privacy claim). Rows with weight 0 (padding) are
+left out either way.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,13 +52,18 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privkit import _validate
 from privkit.errors import InvalidParameterError
-from privkit.torch._ghost import ghost
+from privkit.mechanisms.aggregate import NonFiniteUpdates
+from privkit.torch._ghost import Weighted, func_only, ghost, recurrent
 from privkit.torch._layers import materialized
 
 __all__ = ["GradMethod", "ClippedGradSum", "check_module", "per_example_grads",
            "per_example_norms", "clipped_grad_sum", "clip_factors", "cross_entropy_per_example"]
 
 LossFn = Callable[[Any, Any], Tensor]
+
+logger = logging.getLogger("privkit.torch")
+#: models already told (at INFO) that they get GradMethod.FUNC under GHOST
+_TOLD: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 class GradMethod(enum.Enum):
@@ -108,8 +128,15 @@ def check_module(module: nn.Module) -> None:
         ...     print(err.name, "|", err.value, "|", err.requirement[-40:])
         module '1' | BatchNorm1d | use nn.GroupNorm(num_groups, 8) instead)
     """
+    _scan(module)
+
+
+def _scan(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """:func:`check_module`, and the first recurrent layer (as
+    :func:`privkit.torch._ghost.func_only`), in one walk over the modules."""
     if not isinstance(module, nn.Module):
         raise InvalidParameterError("module", module, "a torch.nn.Module")
+    layer = None
     for qual, m in module.named_modules():
         why = _mixing(m)
         if why is not None:
@@ -117,6 +144,9 @@ def check_module(module: nn.Module) -> None:
                 f"module {qual or type(module).__name__!r}",
                 type(m).__name__,
                 f"a layer whose output for one example depends on that example only ({why})")
+        if layer is None and recurrent(m):
+            layer = qual or type(module).__name__, m
+    return layer
 
 
 def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
@@ -180,6 +210,34 @@ def func_per_example_grads(module: nn.Module, params: Mapping[str, Tensor],
     return vmap(grad(one), in_dims=(None, in_x, 0))(dict(params), inputs, targets)
 
 
+def check_nonfinite(nonfinite: Any) -> NonFiniteUpdates:
+    """``nonfinite``, checked: a :class:`~privkit.mechanisms.NonFiniteUpdates` member."""
+    if not isinstance(nonfinite, NonFiniteUpdates):
+        raise InvalidParameterError("nonfinite", nonfinite,
+                                    "a privkit.mechanisms.NonFiniteUpdates member (ZERO or RAISE)")
+    return nonfinite
+
+
+def nonfinite_rows(norms: Tensor, weights: Tensor | None, nonfinite: NonFiniteUpdates,
+                   where: Callable[[Tensor], str]) -> Tensor | None:
+    """The rows to leave out of a clipped sum: ``(..., B)`` bool where the per-example
+    gradient norm is NaN or inf, or None when every row is finite (one device sync). Under
+    ``RAISE``, the first such row with a non-zero weight raises, named by ``where(index)``
+    (a padding row, of weight 0, is never an error)."""
+    bad = ~torch.isfinite(norms)
+    if not bool(bad.any()):
+        return None
+    if nonfinite is NonFiniteUpdates.RAISE:
+        live = bad if weights is None else bad & (weights != 0)
+        if bool(live.any()):
+            at = torch.nonzero(live)[0]
+            raise InvalidParameterError(
+                where(at), f"an example whose gradient norm is {float(norms[tuple(at)])}",
+                "an example with a finite per-example gradient "
+                "(nonfinite=NonFiniteUpdates.RAISE; ZERO would leave it out)")
+    return bad
+
+
 def _rest(module: nn.Module) -> dict[str, Tensor]:
     out = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
     out.update(dict(module.named_buffers()))
@@ -207,31 +265,61 @@ def per_example_grads(module: nn.Module, inputs: Any, targets: Any, *,
     xs = _as_tuple(inputs)
     _batch_size(xs, targets)
     params = {n: p.detach() for n, p in _trainable(module).items()}
-    return func_per_example_grads(module, params, xs, targets,
-                                  loss_fn or cross_entropy_per_example, _rest(module))
+    return _whole_model(module, params, xs, targets, loss_fn or cross_entropy_per_example)
+
+
+def _whole_model(module: nn.Module, params: Mapping[str, Tensor], xs: tuple[Any, ...],
+                 targets: Any, loss_fn: LossFn) -> dict[str, Tensor]:
+    """:func:`func_per_example_grads` of the model; a failure of ``torch.func`` (an
+    operation without a batching rule, an in-place write it cannot follow) names the model."""
+    try:
+        return func_per_example_grads(module, params, xs, targets, loss_fn, _rest(module))
+    except RuntimeError as err:
+        raise InvalidParameterError(
+            "module", type(module).__name__,
+            f"a model torch.func can take per-example gradients of for "
+            f"method=GradMethod.FUNC ({err})") from err
 
 
 # ------------------------------------------------------------------------------ public
-def _setup(module: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None,
-           method: Any) -> tuple[tuple[Any, ...], int, LossFn, GradMethod]:
-    check_module(module)
+def resolve_method(module: nn.Module, method: Any, layer: Any = ...) -> GradMethod:
+    """``method``, checked; ``FUNC`` for a model that ``GHOST`` cannot split per example
+    (``layer``, :func:`privkit.torch._ghost.func_only` when not given: a recurrent layer),
+    said once per model at INFO."""
     if not isinstance(method, GradMethod):
         raise InvalidParameterError("method", method, "a privkit.torch.GradMethod")
+    if method is GradMethod.GHOST:
+        if layer is ...:
+            layer = func_only(module)
+        if layer is not None:
+            if module not in _TOLD:
+                _TOLD.add(module)
+                logger.info("GradMethod.GHOST: module %r (%s) returns its state with the batch "
+                            "on dimension 1, so the whole model's per-example gradients come "
+                            "from GradMethod.FUNC (torch.func)", layer[0],
+                            type(layer[1]).__name__)
+            return GradMethod.FUNC
+    return method
+
+
+def _setup(module: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None,
+           method: Any) -> tuple[tuple[Any, ...], int, LossFn, GradMethod]:
+    method = resolve_method(module, method, _scan(module))
     xs = _as_tuple(inputs)
     return xs, _batch_size(xs, targets), loss_fn or cross_entropy_per_example, method
 
 
 def _sq_and_weighted(module: nn.Module, xs: tuple[Any, ...], targets: Any, loss_fn: LossFn,
-                     b: int, method: GradMethod
-                     ) -> tuple[Tensor, Callable[[Tensor], dict[str, Tensor]]]:
+                     b: int, method: GradMethod) -> tuple[Tensor, Weighted]:
     if method is GradMethod.GHOST:
         return ghost(module, xs, targets, loss_fn, b)
     params = {n: p.detach() for n, p in _trainable(module).items()}
-    per = func_per_example_grads(module, params, xs, targets, loss_fn, _rest(module))
+    per = _whole_model(module, params, xs, targets, loss_fn)
     parts = materialized({n: v.unsqueeze(0) for n, v in per.items()})
 
-    def weighted(f: Tensor) -> dict[str, Tensor]:
-        return {n: v[0] for n, v in parts.weighted(f.unsqueeze(0)).items()}
+    def weighted(f: Tensor, drop: Tensor | None = None) -> dict[str, Tensor]:
+        d = None if drop is None else drop.unsqueeze(0)
+        return {n: v[0] for n, v in parts.weighted(f.unsqueeze(0), d).items()}
 
     return parts.sq[0], weighted
 
@@ -257,7 +345,8 @@ def per_example_norms(module: nn.Module, inputs: Any, targets: Any, *,
 
 def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_norm: float,
                      loss_fn: LossFn | None = None, weights: Tensor | None = None,
-                     method: GradMethod = GradMethod.GHOST) -> ClippedGradSum:
+                     method: GradMethod = GradMethod.GHOST,
+                     nonfinite: NonFiniteUpdates = NonFiniteUpdates.ZERO) -> ClippedGradSum:
     """DP-SGD's clipped sum ``sum_i w_i min(1, C / ||g_i||) g_i`` over a batch.
 
     Args:
@@ -270,10 +359,19 @@ def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_no
         l2_clip_norm: C, finite and > 0.
         weights: optional ``(B,)`` example weights (e.g. 0 for padding rows).
         method: :class:`GradMethod`.
+        nonfinite: :class:`~privkit.mechanisms.NonFiniteUpdates`: an example whose gradient
+            holds NaN or inf contributes zeros (``ZERO``, the default) or raises, naming its
+            row (``RAISE``).
 
     Returns:
         :class:`ClippedGradSum`; an empty batch gives zeros. Each example's contribution
-        has L2 norm at most C (its factor is shrunk by :data:`CLIP_MARGIN_ULPS` ulps).
+        has L2 norm at most C (its factor is shrunk by :data:`CLIP_MARGIN_ULPS` ulps); an
+        example left out as non-finite contributes exactly 0 (its entry of ``norms`` is NaN
+        or inf).
+
+    Raises:
+        InvalidParameterError: a bad argument, named; a refused layer or parameter; under
+            ``RAISE``, ``inputs[i]`` with a non-finite gradient.
 
     Examples:
         >>> net = nn.Linear(3, 2)
@@ -284,6 +382,7 @@ def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_no
         (['bias', 'weight'], True)
     """
     clip = _validate.positive("l2_clip_norm", l2_clip_norm)
+    policy = check_nonfinite(nonfinite)
     xs, b, loss_fn, method = _setup(module, inputs, targets, loss_fn, method)
     params = _trainable(module)
     if weights is not None and tuple(weights.shape) != (b,):
@@ -294,7 +393,11 @@ def clipped_grad_sum(module: nn.Module, inputs: Any, targets: Any, *, l2_clip_no
     sq, weighted = _sq_and_weighted(module, xs, targets, loss_fn, b, method)
     norms = sq.sqrt()
     dtype = next(iter(params.values())).dtype if params else torch.float32
-    summed = weighted(clip_factors(norms, clip, dtype, weights))
+    drop = nonfinite_rows(norms, weights, policy, lambda at: f"inputs[{int(at[0])}]")
+    f = clip_factors(norms, clip, dtype, weights)
+    if drop is not None:
+        f = f.masked_fill(drop, 0.0)
+    summed = weighted(f, drop)
     grads = {n: summed[n].reshape(p.shape).to(p.dtype) if n in summed else torch.zeros_like(p)
              for n, p in params.items()}
     return ClippedGradSum(grads, norms)

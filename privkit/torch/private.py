@@ -15,7 +15,14 @@
 - **Charged first**: with a :class:`~privkit.ledger.Ledger`, every step is charged to the
   client before its noise is drawn: :meth:`DpSgd.epoch` charges the epoch's steps before
   yielding its first batch (one ledger write per epoch); a step outside a charged epoch
-  charges itself. A budget refusal raises before anything is drawn or changed.
+  charges itself, after its clipped sum and before its noise (so a step that raises is not
+  charged). A budget refusal raises before anything is drawn or changed.
+- **Non-finite gradients** (``nonfinite``, :class:`~privkit.mechanisms.NonFiniteUpdates`):
+  an example whose gradient holds NaN or inf (a NaN in its input, an infinite output)
+  contributes zeros, silently (``ZERO``, the default: its contribution has norm 0 <= C, the
+  others' are unchanged, the step is charged once and the weights stay finite), or the step
+  raises naming the example's row (``RAISE``, for debugging), before anything is charged,
+  drawn or changed.
 - **Randomness** is explicit: a ``torch.Generator`` on the model's device (fast mode; it
   draws the Poisson uniforms and the noise) or a :class:`privkit.SecureRandom` (OS CSPRNG,
   hardened noise ``z C (Z1 + Z2 + Z3 + Z4) / 2``). Inclusion is ``u < q`` with ``u``
@@ -41,8 +48,17 @@ import privkit
 from privkit import _validate
 from privkit._rng import RngKind, SecureRandom, check_rng
 from privkit.errors import InvalidParameterError
+from privkit.ledger import Ledger
+from privkit.mechanisms.aggregate import NonFiniteUpdates
 from privkit.mechanisms.sampling import gaussian_noise
-from privkit.torch.grads import GradMethod, LossFn, check_module, clipped_grad_sum
+from privkit.torch.grads import (
+    GradMethod,
+    LossFn,
+    check_module,
+    check_nonfinite,
+    clipped_grad_sum,
+    resolve_method,
+)
 
 __all__ = ["DpSgd", "PoissonBatchSampler", "make_private", "step_event", "poisson_take"]
 
@@ -102,6 +118,14 @@ class PoissonBatchSampler(Sampler[list[int]]):
             yield torch.nonzero(take).reshape(-1).cpu().tolist()
 
 
+def check_ledger(ledger: Any) -> Any:
+    """``ledger``, checked: a :class:`~privkit.ledger.Ledger` or None."""
+    if ledger is not None and not isinstance(ledger, Ledger):
+        raise InvalidParameterError("ledger", type(ledger).__name__,
+                                    "a privkit.ledger.Ledger or None")
+    return ledger
+
+
 def _empty_like_batch(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x[:0]
@@ -134,6 +158,9 @@ class DpSgd:
         loader: the Poisson batches (a ``DataLoader``; ``len`` = steps per epoch).
         dataset_size: n; expected_batch_size: b; sampling_probability: q = b / n.
         noise_multiplier: z; l2_clip_norm: C; delta: the delta of :meth:`epsilon`.
+        method: the :class:`GradMethod` used (``FUNC`` where ``GHOST`` was asked for a
+            model with a recurrent layer); nonfinite: the
+            :class:`~privkit.mechanisms.NonFiniteUpdates` policy.
         steps: steps taken (noise drawn and applied).
     """
 
@@ -143,15 +170,15 @@ class DpSgd:
                  ledger: Any = None, client_id: Any = None,
                  method: GradMethod = GradMethod.GHOST,
                  collate_fn: Callable[[list[Any]], Any] | None = None,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0,
+                 nonfinite: NonFiniteUpdates = NonFiniteUpdates.ZERO) -> None:
         check_module(module)
         self.module, self.optimizer = module, optimizer
         self.noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
         self.l2_clip_norm = _validate.positive("max_grad_norm", l2_clip_norm)
         self.delta = _validate.delta("delta", delta)
-        if not isinstance(method, GradMethod):
-            raise InvalidParameterError("method", method, "a privkit.torch.GradMethod")
-        self.method, self.loss_fn = method, loss_fn
+        self.method, self.loss_fn = resolve_method(module, method), loss_fn
+        self.nonfinite = check_nonfinite(nonfinite)
         self._params = {n: p for n, p in module.named_parameters() if p.requires_grad}
         if not self._params:
             raise InvalidParameterError("module", type(module).__name__,
@@ -167,6 +194,7 @@ class DpSgd:
                                         f"a torch.Generator on the model's device "
                                         f"({self.device})")
         self.generator = generator
+        check_ledger(ledger)
         if ledger is not None and client_id is None:
             raise InvalidParameterError("client_id", client_id,
                                         "the ledger id of the data's owner when a ledger is given")
@@ -233,14 +261,18 @@ class DpSgd:
         """One DP-SGD step on a Poisson batch: clip, charge (unless prepaid by
         :meth:`epoch`), add noise, divide by ``q n``, ``optimizer.step()``.
 
+        An example whose gradient holds NaN or inf contributes zeros (``nonfinite=ZERO``) or
+        raises (``RAISE``) before the step is charged or anything is drawn or changed.
+
         Args:
             inputs: the module's input for the batch (a tensor or a tuple of them).
             targets: what the loss compares the output with.
         """
+        s = clipped_grad_sum(self.module, inputs, targets, l2_clip_norm=self.l2_clip_norm,
+                             loss_fn=self.loss_fn, method=self.method,
+                             nonfinite=self.nonfinite)
         if self._prepaid == 0:
             self._charge(1)
-        s = clipped_grad_sum(self.module, inputs, targets, l2_clip_norm=self.l2_clip_norm,
-                             loss_fn=self.loss_fn, method=self.method)
         self._prepaid -= 1
         stddev = self.noise_multiplier * self.l2_clip_norm
         noise = gaussian_noise(s.grads, stddev, rng=self.generator)
@@ -276,7 +308,8 @@ def make_private(module: nn.Module, optimizer: torch.optim.Optimizer,
                  noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  epochs: int | None = None, generator: Any,
                  loss_fn: LossFn | None = None, ledger: Any = None, client_id: Any = None,
-                 method: GradMethod = GradMethod.GHOST) -> DpSgd:
+                 method: GradMethod = GradMethod.GHOST,
+                 nonfinite: NonFiniteUpdates = NonFiniteUpdates.ZERO) -> DpSgd:
     """Record-level DP-SGD for a plain PyTorch loop (module docstring).
 
     Args:
@@ -295,9 +328,14 @@ def make_private(module: nn.Module, optimizer: torch.optim.Optimizer,
             :class:`privkit.SecureRandom`.
         loss_fn: ``loss_fn(output, targets) -> (B,)`` per-example losses (default
             cross-entropy; use ``reduction="none"``).
-        ledger: a :class:`~privkit.ledger.Ledger` to charge before each step's noise.
+        ledger: a :class:`~privkit.ledger.Ledger` to charge before each step's noise, or
+            None.
         client_id: the data owner's id on ``ledger`` (needed with a ledger).
-        method: :class:`~privkit.torch.GradMethod` (ghost clipping by default).
+        method: :class:`~privkit.torch.GradMethod` (ghost clipping by default; a model with
+            a recurrent layer gets ``FUNC``, said at INFO).
+        nonfinite: :class:`~privkit.mechanisms.NonFiniteUpdates`: an example whose gradient
+            holds NaN or inf contributes zeros, silently (``ZERO``, the default), or the step
+            raises naming its row (``RAISE``, for debugging).
 
     Raises:
         InvalidParameterError: a bad argument, named, or a layer that mixes examples.
@@ -345,5 +383,5 @@ def make_private(module: nn.Module, optimizer: torch.optim.Optimizer,
     return DpSgd(module, optimizer, dataset, expected_batch_size=expected_batch_size,
                  noise_multiplier=noise_multiplier, l2_clip_norm=max_grad_norm, delta=delta,
                  generator=generator, loss_fn=loss_fn, ledger=ledger, client_id=client_id,
-                 method=method, collate_fn=collate, num_workers=workers)
+                 method=method, collate_fn=collate, num_workers=workers, nonfinite=nonfinite)
 

@@ -183,8 +183,10 @@ def _spy_draws(monkeypatch, log):
     monkeypatch.setattr(pt.ClientsDpSgd, "_client_draw", staticmethod(draw))
 
 
-class _SpyLedger:
-    def __init__(self, log, budget=None):
+class _SpyLedger(Ledger):
+    """A Ledger (run refuses anything else) that logs its charges."""
+
+    def __init__(self, log, budget=None):  # no Ledger.__init__: spend delegates
         self.log = log
         self.real = Ledger.create(None, population_id="spy", delta=1e-5, epsilon_budget=budget)
 

@@ -110,8 +110,10 @@ class _Log:
         return sum(c for kind, c in self.events if kind == "charge")
 
 
-class _SpyLedger:
-    def __init__(self, log, budget=None):
+class _SpyLedger(Ledger):
+    """A Ledger (make_private refuses anything else) that logs its charges."""
+
+    def __init__(self, log, budget=None):  # no Ledger.__init__: spend delegates
         self.log = log
         self.real = Ledger.create(None, population_id="spy", delta=1e-5, epsilon_budget=budget)
 

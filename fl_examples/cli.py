@@ -6,10 +6,12 @@ CLI loads them by name when it builds its parser, so the import arrow points fro
 down to the library. Each entry point is a :class:`Command`. Building the parser stays fast:
 nothing here imports torch or a trainer until a command runs.
 
-Every ``train`` command also gets ``--threads``, ``--overwrite`` and ``--max-loss-factor``, and
-:func:`run_train` treats ``--out`` the same way for all of them before the trainer starts
+Every ``train`` command also gets ``--threads``, ``--overwrite`` (with ``--discard-ledger``)
+and ``--max-loss-factor``, and :func:`run_train` treats ``--out`` the same way for all of them
+before the trainer starts, once every option was checked
 (:func:`fl_examples.core.outdir.prepare_out`: writable, new or empty unless ``--resume`` or
-``--overwrite``; a run that fails before charging anything leaves it as it was).
+``--overwrite``; a ledger holding charges is never removed; a run that fails before writing
+anything leaves it as it was).
 """
 
 from __future__ import annotations
@@ -118,9 +120,15 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                             "the bundled models are small, and on a busy machine more threads "
                             "only contend; N > 1 raises it)")
         p.add_argument("--overwrite", action="store_true",
-                       help="start over in a non-empty OUT: its ledgers (named on stderr), "
-                            "checkpoints and report are removed and the run starts new "
-                            "ledgers (without it a new run needs a new or empty OUT)")
+                       help="start over in a non-empty OUT: its checkpoints, report and plots "
+                            "are replaced and the run starts new ledgers (without it a new run "
+                            "needs a new or empty OUT); a ledger holding charges also needs "
+                            "--discard-ledger. Checked after every other option: a run that "
+                            "fails before writing anything puts OUT back as it was")
+        p.add_argument("--discard-ledger", action="store_true",
+                       help="with --overwrite: set aside OUT's ledgers that hold charges (renamed "
+                            "ledger-ALGORITHM.jsonl.discarded-UTCTIME, with their head records; "
+                            "kept, never deleted, no longer counted) instead of refusing")
         p.add_argument("--secure-noise", action="store_true",
                        help="a private run draws its client and minibatch sampling and its "
                             "noise from the OS CSPRNG (without it, a private run is a seeded "
@@ -134,7 +142,7 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                        help="stop with exit status 1 when the training loss exceeds this "
                             "many times its first evaluated value (default "
                             "100; inf: only a non-finite loss stops the run)")
-        p.set_defaults(_train_command=module.run,
+        p.set_defaults(_train_command=module.run, _train_prepare=module.prepare,
                        _aliases=PARAMETER_FLAGS.get(module.NAME, {}))
 
 
@@ -155,8 +163,13 @@ def set_threads(threads: float | None) -> int | None:
 def run_train(args: argparse.Namespace) -> int:
     """Run the ``train`` command chosen on the command line (threads restored afterwards).
 
-    ``--out`` is checked first (:func:`~fl_examples.core.outdir.prepare_out`), before any data
-    is read or anything is charged; what ``--overwrite`` removed is said on stderr.
+    Everything the command line says is checked before OUT is touched: the options, the
+    trainer's configuration and its data-set spec (the command's ``prepare``), ``--threads``,
+    then ``--out`` (:func:`~fl_examples.core.outdir.prepare_out`: ``--overwrite`` refuses a
+    ledger that holds charges without ``--discard-ledger``, and sets the previous run aside
+    only now). A run that fails before it writes anything puts OUT back as it was
+    (:func:`~fl_examples.core.outdir.failure_cleanup`); what ``--overwrite`` set aside is said
+    on stderr once the run has written something.
     """
     from fl_examples.core import outdir
     from fl_examples.core.report import quiet
@@ -174,10 +187,17 @@ def run_train(args: argparse.Namespace) -> int:
             from fl_examples.commands import default_out
 
             args.out = default_out(args.trainer)
+        prepare = getattr(args, "_train_prepare", None)
+        if prepare is not None:  # the options, the configuration, the data-set spec
+            args._train_job = prepare(args)
+        if args.threads is not None:
+            from privkit import _validate
+
+            _validate.positive_int("threads", args.threads)
         prepared = outdir.prepare_out(args.out, resume=bool(getattr(args, "resume", False)),
-                                      overwrite=bool(getattr(args, "overwrite", False)))
-        for note in prepared.notes if prepared is not None else ():
-            print(f"privkit: {note}", file=sys.stderr)
+                                      overwrite=bool(getattr(args, "overwrite", False)),
+                                      discard_ledger=bool(getattr(args, "discard_ledger",
+                                                                  False)))
         before = set_threads(args.threads)
         try:
             with outdir.failure_cleanup(prepared):

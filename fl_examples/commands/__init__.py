@@ -1,22 +1,34 @@
 """One module per ``privkit train <name>`` command.
 
-Each module defines ``NAME``, ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and
-``run(args) -> int``, and imports nothing heavy (torch, the trainer) at module level, so
-building the CLI parser stays fast. :func:`fl_examples.cli.add_train_parser` finds the
-modules here by name; adding a trainer command means adding a module, nothing else. Every
-command also gets ``--threads`` (torch CPU threads, default
-:data:`fl_examples.cli.DEFAULT_THREADS`, one).
+Each module defines ``NAME``, ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)``,
+``prepare(args) -> job`` and ``run(args) -> int``, and imports nothing heavy (torch, the
+trainer) at module level, so building the CLI parser stays fast. ``prepare`` checks every
+option, builds the trainer's configuration and checks its data-set spec, touching nothing;
+it returns the job (no arguments, the exit status) that ``run`` runs
+(:func:`run_prepared`). :func:`fl_examples.cli.run_train` calls ``prepare`` before it
+touches ``--out``, so a bad option never changes the output directory.
+:func:`fl_examples.cli.add_train_parser` finds the modules here by name; adding a trainer
+command means adding a module, nothing else. Every command also gets ``--threads`` (torch CPU
+threads, default :data:`fl_examples.cli.DEFAULT_THREADS`, one).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 __all__ = ["OUT_HELP", "command_modules", "default_out", "nonnegative_int", "positive_int",
-           "VOCABULARY", "noted", "split_algorithms"]
+           "VOCABULARY", "noted", "split_algorithms", "run_prepared", "epsilon_target",
+           "MAX_EPSILON_TARGET"]
+
+#: The largest ``--noise-for-epsilon`` any trainer calibrates to: ln of the largest double.
+#: Above it e^epsilon, which every (epsilon, delta) bound multiplies by, is not a finite
+#: number; such a target asks for no noise at all (the calibrated noise underflows and the
+#: accountants overflow), so it is refused rather than run.
+MAX_EPSILON_TARGET = 709.0
 
 #: One vocabulary for the same concept in every trainer: concept -> (flag, what it means).
 #: The trainers' older spellings still work and print a one-line note (:func:`noted`).
@@ -52,6 +64,34 @@ def default_out(trainer: str, now: float | None = None) -> str:
     while Path(path).exists():
         path, k = f"{base}-{k}", k + 1
     return path
+
+
+def run_prepared(args: Any, prepare: Callable[[Any], Callable[[], int]]) -> int:
+    """Run the job ``prepare(args)`` returns (or the one :func:`fl_examples.cli.run_train`
+    prepared already, ``args._train_job``); its exit status."""
+    job = vars(args).pop("_train_job", None) or prepare(args)
+    return int(job() or 0)
+
+
+def epsilon_target(name: str, value: float | None) -> float | None:
+    """``--noise-for-epsilon`` (None: not given): finite, > 0 and at most
+    :data:`MAX_EPSILON_TARGET`, else an error naming ``name``.
+
+    >>> epsilon_target("noise_for_epsilon", 8.0)
+    8.0
+    """
+    if value is None:
+        return None
+    from privkit import _validate
+    from privkit.errors import InvalidParameterError
+
+    target = _validate.positive(name, value)
+    if target > MAX_EPSILON_TARGET:
+        raise InvalidParameterError(
+            name, value, f"at most {MAX_EPSILON_TARGET:g} (e^epsilon must be a finite number: "
+            "above it no noise is left to calibrate; for a run without noise leave out the "
+            "privacy options)")
+    return target
 
 
 def command_modules() -> list[ModuleType]:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
+from typing import Any
 
 from fl_examples.commands import (
     OUT_HELP,
+    epsilon_target,
     nonnegative_int,
     noted,
     positive_int,
+    run_prepared,
     split_algorithms,
 )
 
@@ -92,8 +97,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    from fl_examples.dprec import DPRecConfig, final_table, train
+def prepare(args: argparse.Namespace) -> Callable[[], int]:
+    """Check every option, the configuration and the data-set spec (nothing is touched);
+    returns the run."""
+    from fl_examples.core.data import check_dataset_spec, check_digits_clients
+    from fl_examples.dprec import DPRecConfig
+    from fl_examples.dprec.config import check_relation
+    from privkit.errors import InvalidParameterError
 
     cfg = DPRecConfig(
         dataset=args.dataset,
@@ -118,8 +128,32 @@ def run(args: argparse.Namespace) -> int:
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
     )
+    epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
                                      ("dprec", "dpfedavg", "fedavg"))
+    names = tuple(dict.fromkeys((main, *compare)))
+    for name in names:
+        check_relation(cfg, name)
+    cfg.resolved(names)  # refuses settings of algorithms that do not run
+    if cfg.dataset.strip().lower() == "digits":
+        n = cfg.clients or 100
+        check_digits_clients("clients", n, num_clients=n,
+                             classes_per_client=cfg.digits_classes or None, seed=cfg.seed)
+        if cfg.clients_per_round > n:  # as the loader says, before anything is touched
+            raise InvalidParameterError("clients_per_round", cfg.clients_per_round,
+                                        f"at most the number of clients ({n})")
+    else:
+        check_dataset_spec(cfg.dataset, seed=cfg.seed)
+    return functools.partial(_run, args, cfg, main, compare)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_prepared(args, prepare)
+
+
+def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]) -> int:
+    from fl_examples.dprec import final_table, train
+
     res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],

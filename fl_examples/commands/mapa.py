@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
-from fl_examples.commands import OUT_HELP, nonnegative_int, noted, positive_int
+from fl_examples.commands import (
+    OUT_HELP,
+    epsilon_target,
+    nonnegative_int,
+    noted,
+    positive_int,
+    run_prepared,
+)
 
 NAME = "mapa"
 HELP = "MAPA (and AUDP / ASGD baselines): asynchronous FL, Laplace or Gaussian gradient noise"
@@ -116,6 +125,10 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
 
 
 def _epsilon(text: str) -> Any:
+    """``--upload-epsilon``: one number or one per edge, each at most
+    :data:`~fl_examples.commands.MAX_EPSILON_TARGET` (e^epsilon must be finite; the noise of a
+    larger one vanishes)."""
+    from fl_examples.commands import MAX_EPSILON_TARGET
     from privkit.errors import InvalidParameterError
 
     try:
@@ -123,6 +136,11 @@ def _epsilon(text: str) -> Any:
     except ValueError:
         raise InvalidParameterError("upload_epsilon", text, "a number or comma-separated "
                                     "numbers") from None
+    for i, e in enumerate(vals):
+        if e > MAX_EPSILON_TARGET:
+            raise InvalidParameterError(
+                "upload_epsilon", text, f"at most {MAX_EPSILON_TARGET:g} per upload (edge {i}: "
+                "e^epsilon must be a finite number; above it the noise vanishes)")
     return vals if len(vals) > 1 else vals[0]
 
 
@@ -141,11 +159,20 @@ def _pure_only(args: argparse.Namespace) -> None:
                                     "left out with --noise gaussian (its clip is --clip)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from fl_examples.mapa import MapaConfig, final_table, train
+def prepare(args: argparse.Namespace) -> Callable[[], int]:
+    """Check every option, the configuration and the data-set spec (nothing is touched);
+    returns the run."""
+    from fl_examples.mapa import ALGORITHMS, MapaConfig
+    from fl_examples.mapa.config import check_edges_spec
+    from privkit.errors import InvalidParameterError
 
     _pure_only(args)
     algorithms = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
+    if not algorithms:
+        raise InvalidParameterError("algorithms", args.algorithms, "at least one algorithm")
+    for name in algorithms:
+        if name not in ALGORITHMS:
+            raise InvalidParameterError("algorithms", name, f"among {', '.join(ALGORITHMS)}")
     cfg = MapaConfig(
         dataset=args.dataset, model=args.model, edges=positive_int("clients", args.clients),
         batch=positive_int("batch", args.batch), updates=positive_int("rounds", args.rounds),
@@ -167,6 +194,18 @@ def run(args: argparse.Namespace) -> int:
         clip=args.clip, step_schedule=args.step_schedule, lr=args.lr,
         secure_noise=args.secure_noise, eval_client_data=args.eval_client_data,
     )
+    epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
+    check_edges_spec(cfg.dataset, edges=cfg.edges, seed=cfg.seed)
+    return functools.partial(_run, args, cfg, algorithms)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_prepared(args, prepare)
+
+
+def _run(args: argparse.Namespace, cfg: Any, algorithms: tuple[str, ...]) -> int:
+    from fl_examples.mapa import final_table, train
+
     res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
     if args.json:
         summary = {}

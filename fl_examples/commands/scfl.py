@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
+from typing import Any
 
-from fl_examples.commands import OUT_HELP, nonnegative_int, noted, positive_int
+from fl_examples.commands import (
+    OUT_HELP,
+    epsilon_target,
+    nonnegative_int,
+    noted,
+    positive_int,
+    run_prepared,
+)
 
 DATASET_HELP = (
     "the data set, over --clients clients: digits[:K] (sklearn digits, K classes per client, "
@@ -105,9 +115,10 @@ def _batch_sampling(args: argparse.Namespace) -> str:
     return "bernoulli" if dp else "fixed"
 
 
-def run(args: argparse.Namespace) -> int:
-    from fl_examples.core.report import is_quiet
-    from fl_examples.scfl import ScflConfig, final_table, train
+def prepare(args: argparse.Namespace) -> Callable[[], int]:
+    """Check every option, the configuration and the data-set spec (nothing is touched);
+    returns the run."""
+    from fl_examples.scfl import ScflConfig
 
     cfg = ScflConfig(
         dataset=args.dataset, clients=positive_int("clients", args.clients),
@@ -127,6 +138,39 @@ def run(args: argparse.Namespace) -> int:
         gradient_noise_multiplier=args.noise_multiplier,
         gradient_noise_for_epsilon=args.noise_for_epsilon,
         gradient_clip=args.clip, delta=args.delta)
+    epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
+    _check_methods(args.algorithms)
+    _check_digits(cfg)
+    return functools.partial(_run, args, cfg)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_prepared(args, prepare)
+
+
+def _check_methods(algorithms: str) -> None:
+    """``--algorithms``: known methods, at least one (the trainer's own check)."""
+    from fl_examples.scfl import _methods
+
+    _methods(algorithms)
+
+
+def _check_digits(cfg: Any) -> None:
+    """A digits ``--dataset`` over ``--clients``: every client holds a training record."""
+    from fl_examples.core.data import check_digits_clients
+
+    name, _, rest = cfg.dataset.strip().partition(":")
+    if name != "digits" or not (rest in ("", "iid") or (rest.isdigit() and 1 <= int(rest) <= 10)):
+        return  # other data sets (and a bad K, which the loader names) are checked there
+    per = None if rest == "iid" else (int(rest) if rest else 5)
+    check_digits_clients("clients", cfg.clients, num_clients=cfg.clients,
+                         classes_per_client=per, seed=cfg.seed)
+
+
+def _run(args: argparse.Namespace, cfg: Any) -> int:
+    from fl_examples.core.report import is_quiet
+    from fl_examples.scfl import final_table, train
+
     res = train(cfg, algorithms=args.algorithms, out=args.out, resume=args.resume)
     if args.json:
         print(json.dumps({n: {"final": r["history"][-1], "privacy": r.get("privacy"),

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
+from typing import Any
 
 from fl_examples.commands import (
     OUT_HELP,
+    epsilon_target,
     nonnegative_int,
     noted,
     positive_int,
+    run_prepared,
     split_algorithms,
 )
 
@@ -146,9 +151,11 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--json", action="store_true", help="print the final table as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    from fl_examples.core.report import is_quiet
-    from fl_examples.upcycled import UpcycledConfig, final_table, train
+def prepare(args: argparse.Namespace) -> Callable[[], int]:
+    """Check every option, the configuration and the data-set spec (nothing is touched);
+    returns the run."""
+    from fl_examples.core.data import check_dataset_spec
+    from fl_examples.upcycled import UpcycledConfig
 
     cfg = UpcycledConfig(
         dataset=with_clients(args.dataset, args.clients), model=args.model, mu=args.mu,
@@ -177,8 +184,21 @@ def run(args: argparse.Namespace) -> int:
         baseline_iterations=args.baseline_iterations, secure_noise=args.secure_noise,
         eval_client_data=args.eval_client_data,
     )
+    epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
                                      ("upcycled",), ("upcycled", "fedprox", "fedavg"))
+    check_dataset_spec(cfg.dataset, seed=cfg.seed)
+    return functools.partial(_run, args, cfg, main, compare)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_prepared(args, prepare)
+
+
+def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]) -> int:
+    from fl_examples.core.report import is_quiet
+    from fl_examples.upcycled import final_table, train
+
     res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
     if args.json:
         print(json.dumps({n: r["history"][-1] | ({"privacy": {k: v for k, v in r["privacy"].items()

@@ -6,13 +6,17 @@ A checkpoint is a directory ``ckpt-<round>/`` holding ``tensors.safetensors``
 pointer). It is written as ``ckpt-<round>.partial/``, every file fsynced, then
 renamed, and only then does the ``LATEST`` pointer move (atomic replace).
 Readers follow ``LATEST`` and ignore stale ``.partial`` directories, so a crash
-at any point leaves the previous checkpoint or the new one.
+at any point leaves the previous checkpoint or the new one. A write the file system
+refuses (a full disk) removes the partial directory and raises :class:`CheckpointError`,
+one line naming the path and the error (ENOSPC).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -39,27 +43,81 @@ def _fsync_file(path: Path) -> None:
 
 def save(directory: str | os.PathLike[str], round_: int, tensors: dict[str, Any],
          state: dict[str, Any]) -> Path:
-    """Write checkpoint ``round_`` atomically and point ``LATEST`` at it."""
-    from safetensors.torch import save_file
+    """Write checkpoint ``round_`` atomically and point ``LATEST`` at it.
 
+    Raises:
+        CheckpointError: the file system refused a write (a full disk, ENOSPC; no
+            permission; ...): one line naming the path and the error. The partial checkpoint
+            is removed first, so the directory holds the previous checkpoints only and the
+            run can continue from them with ``--resume``.
+    """
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"ckpt-{round_:06d}"
     partial = root / f"ckpt-{round_:06d}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-              str(partial / "tensors.safetensors"))
-    body = json.dumps({"schema": SCHEMA, "round": round_, **state}, sort_keys=True,
-                      allow_nan=False, indent=1).encode("utf-8")
-    (partial / "state.json").write_bytes(body)
-    for f in partial.iterdir():
-        _fsync_file(f)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(partial, final)
-    atomic_write_bytes(root / "LATEST", final.name.encode("utf-8"))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        _save_tensors(tensors, partial / "tensors.safetensors")
+        body = json.dumps({"schema": SCHEMA, "round": round_, **state}, sort_keys=True,
+                          allow_nan=False, indent=1).encode("utf-8")
+        (partial / "state.json").write_bytes(body)
+        for f in partial.iterdir():
+            _fsync_file(f)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        failure = _write_failure(exc, partial / "tensors.safetensors")
+        if failure is None:
+            raise
+        path, code, why = failure
+        raise CheckpointError(_not_written(path, round_, code, why)) from None
+    try:
+        atomic_write_bytes(root / "LATEST", final.name.encode("utf-8"))
+    except OSError as exc:  # LATEST still names the previous checkpoint
+        code, why = _errno(exc)
+        raise CheckpointError(_not_written(Path(exc.filename or root / "LATEST"), round_,
+                                           code, why)) from None
     return final
+
+
+def _save_tensors(tensors: dict[str, Any], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+
+
+def _not_written(path: Path, round_: int, code: int | None, why: str) -> str:
+    name = f" ({errno.errorcode[code]})" if code in errno.errorcode else ""
+    resume = ("; free some space, then continue with --resume" if code == errno.ENOSPC
+              else "; the run can continue with --resume")
+    return (f"{path}: checkpoint {round_} not written: {why}{name}; nothing partial is left, "
+            f"the earlier checkpoints and the ledger are intact{resume}")
+
+
+def _errno(exc: BaseException) -> tuple[int | None, str]:
+    """(errno, reason) of an operating-system error, or of the one a library error carries
+    in its message (safetensors: ``... No space left on device (os error 28)``)."""
+    if isinstance(exc, OSError):
+        return exc.errno, exc.strerror or str(exc)
+    found = re.search(r"os error (\d+)", str(exc))
+    if found is None:
+        return None, " ".join(str(exc).split())
+    code = int(found.group(1))
+    return code, os.strerror(code)
+
+
+def _write_failure(exc: BaseException, tensors_path: Path) -> tuple[Path, int | None, str] | None:
+    """(path, errno, reason) when ``exc`` is a refused write, else None (a bug: re-raised)."""
+    if isinstance(exc, OSError):
+        code, why = _errno(exc)
+        return Path(exc.filename) if exc.filename else tensors_path, code, why
+    if type(exc).__name__ == "SafetensorError":  # safetensors' own I/O error (Rust)
+        code, why = _errno(exc)
+        return tensors_path, code, why
+    return None
 
 
 def latest_round(directory: str | os.PathLike[str]) -> int | None:

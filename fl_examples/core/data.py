@@ -13,7 +13,9 @@ Spec: ``shared/spec/data.md``.
 from __future__ import annotations
 
 import enum
+import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +35,8 @@ from privkit import _validate as v
 from privkit.errors import InvalidParameterError
 
 __all__ = ["SyntheticPreset", "synthetic", "heldout_clients", "digits", "breast_cancer",
-           "parse_dataset_spec", "DATASET_SPEC_FORMS"]
+           "parse_dataset_spec", "check_dataset_spec", "check_digits_clients",
+           "DATASET_SPEC_FORMS", "DIGITS_RECORDS", "MAX_SYNTHETIC_CLIENTS"]
 
 # ---------------------------------------------------------------------------------------------
 # FedProx synthetic data
@@ -238,11 +241,7 @@ def digits(
     k_clients = v.positive_int("num_clients", num_clients)
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
-    if classes_per_client is None:
-        parts = partition_iid(len(y), k_clients, rng=gen)
-    else:
-        assignment = class_assignment(k_clients, 10, classes_per_client, rng=gen)
-        parts = partition_by_classes(y, assignment, rng=gen)
+    parts = _digits_parts(y, k_clients, classes_per_client, gen)
     partition = "iid" if classes_per_client is None else "classes_per_client"
     description = {
         "recipe": "sklearn_digits", "seed": seed,
@@ -252,6 +251,64 @@ def digits(
         "assumptions": ["sklearn.datasets.load_digits stands in for FEMNIST (no writer ids)"],
     }  # fmt: skip
     return from_partition(x, y, parts, rng=gen, num_classes=10, description=description)
+
+
+def _digits_parts(y: np.ndarray, k_clients: int, classes_per_client: int | None,
+                  gen: np.random.Generator) -> list:
+    """The clients' index arrays into the digits (IID, or ``classes_per_client`` classes
+    each); the draws :func:`digits` makes first, so :func:`check_digits_clients` can size the
+    clients from the labels alone."""
+    if classes_per_client is None:
+        return partition_iid(len(y), k_clients, rng=gen)
+    assignment = class_assignment(k_clients, 10, classes_per_client, rng=gen)
+    return partition_by_classes(y, assignment, rng=gen)
+
+
+DIGITS_RECORDS = 1797
+"""Records in scikit-learn's digits: no split has more clients."""
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_labels() -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    y = load_digits().target
+    y.setflags(write=False)
+    return y
+
+
+def check_digits_clients(name: str, value: object, *, num_clients: int,
+                         classes_per_client: int | None, seed: int) -> None:
+    """Refuse a digits split in which a client would hold no training record, before the data
+    is built (exact: the same partition :func:`digits` makes with this ``seed``).
+
+    A client of n records trains on ``int(0.9 n)`` of them, so every client needs two; there
+    are :data:`DIGITS_RECORDS` records in all.
+
+    Raises:
+        InvalidParameterError: naming ``name`` (the flag that set the clients) with ``value``.
+
+    Example:
+        >>> check_digits_clients("dataset", "digits:iid@898", num_clients=898,
+        ...                      classes_per_client=None, seed=0)
+    """
+    k = v.positive_int("num_clients", num_clients)
+    most = DIGITS_RECORDS // 2
+    if k > most:
+        raise InvalidParameterError(
+            name, value, f"a split of the {DIGITS_RECORDS} digits records into at most {most} "
+            f"clients (each client needs two records, one to train on; {k} clients asked)")
+    if classes_per_client is None:
+        return  # near-equal parts: every client holds at least two records
+    gen, _ = _rng(v.nonnegative_int("seed", seed))
+    sizes = [len(p) for p in _digits_parts(_digits_labels(), k, classes_per_client, gen)]
+    poorest = int(np.argmin(sizes))
+    if int(TRAIN_FRACTION * sizes[poorest]) < 1:
+        raise InvalidParameterError(
+            name, value, f"a split in which every client holds a training record (with "
+            f"{classes_per_client} classes per client and seed {seed}, client {poorest} of {k} "
+            f"would hold {sizes[poorest]} of the {DIGITS_RECORDS} records, none to train on); "
+            "use fewer clients or more classes per client")
 
 
 def breast_cancer(*, rng: np.random.Generator | int, num_clients: int = 10) -> FederatedDataset:
@@ -314,6 +371,10 @@ def _number(spec: str, text: str, *, integer: bool = False) -> float:
     return value
 
 
+MAX_SYNTHETIC_CLIENTS = 1_000_000
+"""The most clients ``synthetic...@CLIENTS`` makes (about 450 records each unless /MAXSIZE)."""
+
+
 def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
     """Build a data set from a CLI string; the seed makes it deterministic.
 
@@ -324,7 +385,10 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
       ``fedprox`` (60-d, 10 classes) or ``released`` (20-d, 2 classes).
     - a suffix ``@CLIENTS[/MAXSIZE]`` on ``synthetic`` and ``digits`` sets the number of
       clients (default 30) and, for ``synthetic``, caps each client's records: e.g.
-      ``synthetic:0.5,0.5@2000/500`` (2000 clients of at most 500 records).
+      ``synthetic:0.5,0.5@2000/500`` (2000 clients of at most 500 records). A client needs
+      two records (it trains on 90% of them): MAXSIZE >= 2, at most
+      :data:`MAX_SYNTHETIC_CLIENTS` synthetic clients, and a digits split in which every
+      client holds two (:func:`check_digits_clients`; at most 898 clients IID).
     - ``synthetic:iid[:PRESET]``: the ``generate_iid.py`` variant.
     - ``digits``, ``digits:K``, ``digits:iid``: :func:`digits` over 30 clients, K classes per
       client (default 5) or IID.
@@ -337,13 +401,34 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
     - ``mnist:DIR``: IDX files, IID over 30 clients (:func:`fl_examples.core.idx.load_mnist`).
 
     Raises:
-        InvalidParameterError: naming ``dataset`` for an unknown form or bad number.
+        InvalidParameterError: naming ``dataset`` for an unknown form, a bad number or a
+            split with a client that holds no training record.
         DataFormatError: a LEAF or IDX file is malformed (names the file and key).
 
     Example:
         >>> parse_dataset_spec("synthetic:1,1:fedprox", seed=3).num_features
         60
     """
+    return _parse(spec, seed)()
+
+
+def check_dataset_spec(spec: str, *, seed: int = 0) -> None:
+    """Check ``spec`` as :func:`parse_dataset_spec` does, without reading or making any data:
+    the grammar, the numbers, the client counts (and that a DIR exists). A command calls it
+    before it touches its output directory.
+
+    Example:
+        >>> try:
+        ...     check_dataset_spec("digits:3@100000")
+        ... except InvalidParameterError as exc:
+        ...     print(exc.name, "|", exc.requirement[:45])
+        dataset | a split of the 1797 digits records into at mo
+    """
+    _parse(spec, seed)
+
+
+def _parse(spec: str, seed: int) -> Callable[[], FederatedDataset]:
+    """The grammar of :func:`parse_dataset_spec`: every check, then the loader to call."""
     if not isinstance(spec, str):
         raise _bad(repr(spec), "not a string")
     seed = v.nonnegative_int("seed", seed)
@@ -362,8 +447,9 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
             if name != "synthetic":
                 raise _bad(spec, "/MAXSIZE applies to synthetic only")
             cap = int(_number(spec, cap_text, integer=True))
-            if cap < 1:
-                raise _bad(spec, "/MAXSIZE needs at least 1 record")
+            if cap < 2:
+                raise _bad(spec, "/MAXSIZE needs at least 2 records: a client trains on 90% "
+                           "of its records")
     if name == "synthetic":
         args = rest.split(":")
         if not rest or len(args) > 2:
@@ -371,42 +457,53 @@ def parse_dataset_spec(spec: str, *, seed: int) -> FederatedDataset:
         preset = _PRESETS.get(args[1].lower()) if len(args) == 2 else _PRESETS["paper"]
         if preset is None:
             raise _bad(spec, f"unknown preset {args[1]!r}")
+        if clients > MAX_SYNTHETIC_CLIENTS:
+            raise InvalidParameterError(
+                "dataset", spec, f"at most {MAX_SYNTHETIC_CLIENTS} synthetic clients (about "
+                f"450 records each unless /MAXSIZE caps them; {clients} asked)")
         if args[0].lower() == "iid":
-            return synthetic(0.0, 0.0, rng=seed, preset=preset, iid=True, num_clients=clients,
-                             max_client_size=cap)
+            return functools.partial(synthetic, 0.0, 0.0, rng=seed, preset=preset, iid=True,
+                                     num_clients=clients, max_client_size=cap)
         pair = args[0].split(",")
         if len(pair) != 2:
             raise _bad(spec, "synthetic needs two numbers ALPHA,BETA")
         alpha, beta = (_number(spec, t) for t in pair)
-        return synthetic(alpha, beta, rng=seed, preset=preset, num_clients=clients,
-                         max_client_size=cap)
+        return functools.partial(synthetic, alpha, beta, rng=seed, preset=preset,
+                                 num_clients=clients, max_client_size=cap)
     if name == "digits":
         if rest.lower() == "iid":
-            return digits(rng=seed, classes_per_client=None, num_clients=clients)
-        k = int(_number(spec, rest, integer=True)) if rest else 5
-        if not 1 <= k <= 10:
-            raise _bad(spec, "digits:K needs 1 <= K <= 10")
-        return digits(rng=seed, classes_per_client=k, num_clients=clients)
+            k: int | None = None
+        else:
+            k = int(_number(spec, rest, integer=True)) if rest else 5
+            if not 1 <= k <= 10:
+                raise _bad(spec, "digits:K needs 1 <= K <= 10")
+        check_digits_clients("dataset", spec, num_clients=clients, classes_per_client=k,
+                             seed=seed)
+        return functools.partial(digits, rng=seed, classes_per_client=k, num_clients=clients)
     if name == "breast_cancer":
         k = int(_number(spec, rest, integer=True)) if rest else 10
         if not 1 <= k <= 56:
             raise _bad(spec, "breast_cancer:CLIENTS needs 1 <= CLIENTS <= 56")
-        return breast_cancer(rng=seed, num_clients=k)
+        return functools.partial(breast_cancer, rng=seed, num_clients=k)
     if name in ("leaf", "femnist", "sent140", "sent140tok", "mnist"):
         if not rest or not Path(rest).is_dir():
             raise _bad(spec, f"{name}:DIR needs an existing directory")
-        if name == "mnist":
-            from fl_examples.core.idx import load_mnist
-
-            return load_mnist(rest, rng=seed)
-        from fl_examples.core.leaf import FEMNIST_LOWERCASE_A_TO_J, LeafKind, load_leaf
-
-        if name == "femnist":
-            return load_leaf(
-                rest, rng=seed, kind=LeafKind.FEMNIST, classes=FEMNIST_LOWERCASE_A_TO_J
-            )
-        if name == "sent140tok":
-            return load_leaf(rest, rng=seed, kind=LeafKind.SENT140_TOKENS)
-        kind = LeafKind.SENT140 if name == "sent140" else LeafKind.AUTO
-        return load_leaf(rest, rng=seed, kind=kind)
+        return functools.partial(_load_dir, name, rest, seed)
     raise _bad(spec, f"unknown dataset {name!r}")
+
+
+def _load_dir(name: str, directory: str, seed: int) -> FederatedDataset:
+    """``mnist:DIR`` and the LEAF forms of :func:`parse_dataset_spec`."""
+    if name == "mnist":
+        from fl_examples.core.idx import load_mnist
+
+        return load_mnist(directory, rng=seed)
+    from fl_examples.core.leaf import FEMNIST_LOWERCASE_A_TO_J, LeafKind, load_leaf
+
+    if name == "femnist":
+        return load_leaf(directory, rng=seed, kind=LeafKind.FEMNIST,
+                         classes=FEMNIST_LOWERCASE_A_TO_J)
+    if name == "sent140tok":
+        return load_leaf(directory, rng=seed, kind=LeafKind.SENT140_TOKENS)
+    kind = LeafKind.SENT140 if name == "sent140" else LeafKind.AUTO
+    return load_leaf(directory, rng=seed, kind=kind)

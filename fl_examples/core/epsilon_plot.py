@@ -25,12 +25,17 @@ from fl_examples.core.report import (
     tidy_axis,
 )
 
-__all__ = ["MAX_EPSILON_POINTS", "thin", "epsilon_by_round", "ledger_epsilon_curves",
-           "plot_vs_epsilon"]
+__all__ = ["MAX_EPSILON_POINTS", "MAX_PLOTTED_EPSILON", "thin", "epsilon_by_round",
+           "ledger_epsilon_curves", "plot_vs_epsilon"]
 
 #: Most evaluations priced for a curve against epsilon replayed from a ledger (evenly
 #: spread, the last one always included): each is an accountant call per client.
 MAX_EPSILON_POINTS = 30
+
+#: The largest epsilon drawn against: above it an epsilon promises nothing, and an axis
+#: near the largest double cannot be ticked (matplotlib overflows). Such points stay in
+#: report.json only.
+MAX_PLOTTED_EPSILON = 1e100
 
 _Y_KEYS = (("heldout_accuracy", "held-out accuracy"), ("heldout_loss", "held-out loss"),
            ("test_accuracy", "test accuracy (clients' test splits)"),
@@ -190,8 +195,10 @@ def plot_vs_epsilon(out_dir: str | Path, curves: Mapping[str, Sequence[tuple[flo
     for a regression, which has no accuracy) against its cumulative epsilon at each
     evaluation (``curves``: name -> [(epsilon, history row)]), and each non-private
     reference's final value (``references``: name -> its last row) as a dashed line.
-    Returns None when there is nothing to draw."""
-    curves = {n: [(e, r) for e, r in c if finite_number(e)] for n, c in curves.items()}
+    Points whose epsilon is not finite or above :data:`MAX_PLOTTED_EPSILON` are left out
+    (report.json holds them). Returns None when there is nothing to draw."""
+    curves = {n: [(e, r) for e, r in c if finite_number(e) and abs(e) <= MAX_PLOTTED_EPSILON]
+              for n, c in curves.items()}
     curves = {n: c for n, c in curves.items() if c}
     if not curves:
         return None

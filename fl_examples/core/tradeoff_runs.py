@@ -100,7 +100,9 @@ def _report_files(paths: Iterable[str | Path]) -> list[Path]:
             if (p / "report.json").is_file():
                 files.append(p / "report.json")
                 continue
-            found = sorted(p.rglob("report.json"))  # a sweep directory of run directories
+            found = sorted(f for f in p.rglob("report.json")  # a sweep of run directories
+                           if not any(part.startswith(".privkit-overwrite-")  # a replaced run
+                                      for part in f.relative_to(p).parts))
             if not found:
                 raise InvalidParameterError(
                     "run directory", str(p), "a run directory containing report.json "

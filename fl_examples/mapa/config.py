@@ -8,22 +8,39 @@ testbed CNN :class:`~fl_examples.core.deep_models.PooledCNN`).
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fl_examples.core.asyncsim import TimingModel
-from fl_examples.core.data import FederatedDataset, SyntheticPreset, digits, synthetic
+from fl_examples.core.data import (
+    MAX_SYNTHETIC_CLIENTS,
+    FederatedDataset,
+    SyntheticPreset,
+    check_digits_clients,
+    digits,
+    synthetic,
+)
 from fl_examples.core.deep_models import PooledCNN
 from fl_examples.core.models import MultinomialLogReg, PerExampleModel
 from fl_examples.core.run import check_shared_settings
-from fl_examples.mapa.schedule import NOISE_CHOICES, STEP_SCHEDULES, VARIANCES, _check_theta
+from fl_examples.mapa.schedule import (
+    NOISE_CHOICES,
+    STEP_SCHEDULES,
+    VARIANCES,
+    MapaSchedule,
+    _check_theta,
+    noise_variance,
+)
 from privkit import _validate
 from privkit.errors import InvalidParameterError
 
 __all__ = ["ALGORITHMS", "SAMPLERS", "DEFAULT_DELTA", "DEFAULT_CLIP", "MapaConfig", "load_edges",
-           "make_model"]
+           "check_edges_spec", "make_model"]
 
 ALGORITHMS = ("mapa", "audp", "asgd")
 
@@ -34,6 +51,8 @@ SAMPLERS = ("distinct", "poisson")
 DEFAULT_DELTA = {"l2": 1e-3, "l1": 1e-3, "gaussian": 1e-5}
 """``delta`` when none is given: Thm 3's 1e-3 for the pure-DP noises, 1e-5 for Gaussian."""
 
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 DEFAULT_CLIP = 1.0
 """The Gaussian mode's per-example clip C when none is given (measured: docs/trainers/mapa.md)."""
@@ -193,6 +212,46 @@ class MapaConfig:
             raise InvalidParameterError("step_schedule", self.step_schedule,
                                         " or ".join(STEP_SCHEDULES))
         _validate.positive("lr", self.lr)
+        if self.lr > _FLOAT32_MAX:
+            raise InvalidParameterError("lr", self.lr, f"at most {_FLOAT32_MAX:.4g} (the model "
+                                        "is float32: a larger step is not a number)")
+        if 1.0 / self.lipschitz > _FLOAT32_MAX:
+            raise InvalidParameterError(
+                "lipschitz", self.lipschitz, f"at least {1.0 / _FLOAT32_MAX:.4g} (the step "
+                "sizes, up to 1 / L, must be float32 numbers)")
+        self._check_step_sizes()
+
+    def _check_step_sizes(self) -> None:
+        """The noise's variance and MAPA's first stage are finite numbers (a huge
+        ``noise_multiplier``, a tiny upload ``epsilon`` or a huge ``sigma`` overflow them):
+        refused here, before anything runs, naming the parameter. The model's dimension,
+        which multiplies the variance, is checked again when the run builds its schedule.
+        A calibrated noise multiplier (``noise_for_epsilon``) is checked then too."""
+        gaussian = self.noise == "gaussian"
+        z = self.noise_multiplier if gaussian else None
+        if gaussian and z is None and self.noise_for_epsilon is not None:
+            return
+        z = 1.0 if gaussian and z is None else z
+        eps0 = float(self.epsilons().min())
+        clip = float(self.clip if gaussian else self.audp_clip)  # type: ignore[arg-type]
+        name = "clip" if gaussian else "audp_clip"
+        sensitivity = 2.0 * clip / self.batch
+        if not (0 < sensitivity * sensitivity < math.inf
+                and float(self.epsilons().max()) / sensitivity < math.inf):
+            raise InvalidParameterError(name, clip, f"a clip whose sensitivity 2 C / b = "
+                                        f"{sensitivity:.4g}, its square and epsilon over it "
+                                        "are positive finite numbers")
+        if gaussian and z * clip > _FLOAT32_MAX / 1e3:
+            raise InvalidParameterError(
+                "noise_multiplier", z, f"at most {_FLOAT32_MAX / 1e3 / clip:.4g} with --clip "
+                f"{clip:g} (the noise's stddev z C is drawn in float32, with room for its "
+                "tails)")
+        noise_variance(2.0 * clip / self.batch, eps0, 1, batch=self.batch, noise=self.noise,
+                       variance=self.variance, noise_multiplier=z)  # AUDP's
+        MapaSchedule(sigma=self.sigma, batch=self.batch, delta=float(self.delta),  # type: ignore[arg-type]
+                     epsilon0=eps0, lipschitz=self.lipschitz, r0=self.r0, tau=self.tau(),
+                     theta=self.theta, dim=1, noise=self.noise, variance=self.variance,
+                     noise_multiplier=z, initial_clip=self.clip).stage(0)
 
     def _check_gaussian(self) -> None:
         """The Gaussian mode's settings: Poisson batches, z given or calibrated, not both."""
@@ -246,6 +305,17 @@ class MapaConfig:
 
 def load_edges(spec: str, *, edges: int, seed: int) -> FederatedDataset:
     """The data set of ``spec`` partitioned over ``edges`` edge servers (see MapaConfig)."""
+    return _edges_loader(spec, edges=edges, seed=seed)()
+
+
+def check_edges_spec(spec: str, *, edges: int, seed: int) -> None:
+    """Check ``spec`` as :func:`load_edges` does, reading and making no data: the grammar,
+    the numbers, that a DIR exists, and that every edge of a digits split holds a training
+    record (naming ``edges``, the ``--clients`` flag)."""
+    _edges_loader(spec, edges=edges, seed=seed)
+
+
+def _edges_loader(spec: str, *, edges: int, seed: int) -> Callable[[], FederatedDataset]:
     forms = ("digits[:iid|:K], synthetic:ALPHA,BETA[:paper|:fedprox], synthetic:iid[:PRESET] "
              "or mnist:DIR")
     if not isinstance(spec, str):
@@ -255,33 +325,42 @@ def load_edges(spec: str, *, edges: int, seed: int) -> FederatedDataset:
     name = name.lower()
     if name == "digits":
         if rest in ("", "iid"):
-            return digits(rng=seed, num_clients=k, classes_per_client=None)
-        try:
-            per = int(rest)
-        except ValueError:
-            raise InvalidParameterError("dataset", spec, forms) from None
-        if not 1 <= per <= 10:
-            raise InvalidParameterError("dataset", spec, "digits:K with 1 <= K <= 10")
-        return digits(rng=seed, num_clients=k, classes_per_client=per)
+            per: int | None = None
+        else:
+            try:
+                per = int(rest)
+            except ValueError:
+                raise InvalidParameterError("dataset", spec, forms) from None
+            if not 1 <= per <= 10:
+                raise InvalidParameterError("dataset", spec, "digits:K with 1 <= K <= 10")
+        check_digits_clients("edges", k, num_clients=k, classes_per_client=per, seed=seed)
+        return functools.partial(digits, rng=seed, num_clients=k, classes_per_client=per)
     if name == "synthetic":
         args = rest.split(":")
         presets = {"paper": SyntheticPreset.UPCYCLED_PAPER, "fedprox": SyntheticPreset.FEDPROX}
         preset = presets.get(args[1].lower()) if len(args) == 2 else presets["paper"]
         if not rest or len(args) > 2 or preset is None:
             raise InvalidParameterError("dataset", spec, forms)
+        if k > MAX_SYNTHETIC_CLIENTS:
+            raise InvalidParameterError("edges", k, f"at most {MAX_SYNTHETIC_CLIENTS} with a "
+                                        "synthetic --dataset")
         if args[0].lower() == "iid":
-            return synthetic(0.0, 0.0, rng=seed, num_clients=k, preset=preset, iid=True)
+            return functools.partial(synthetic, 0.0, 0.0, rng=seed, num_clients=k,
+                                     preset=preset, iid=True)
         try:
             a, b = (float(t) for t in args[0].split(","))
         except ValueError:
             raise InvalidParameterError("dataset", spec, forms) from None
-        return synthetic(a, b, rng=seed, num_clients=k, preset=preset)
+        if not all(math.isfinite(x) and x >= 0 for x in (a, b)):
+            raise InvalidParameterError("dataset", spec, "synthetic:ALPHA,BETA with ALPHA and "
+                                        "BETA finite and >= 0")
+        return functools.partial(synthetic, a, b, rng=seed, num_clients=k, preset=preset)
     if name == "mnist":
         if not rest or not Path(rest).is_dir():
             raise InvalidParameterError("dataset", spec, "mnist:DIR with an existing directory")
         from fl_examples.core.idx import load_mnist
 
-        return load_mnist(rest, rng=seed, num_clients=k)
+        return functools.partial(load_mnist, rest, rng=seed, num_clients=k)
     raise InvalidParameterError("dataset", spec, forms)
 
 

@@ -32,6 +32,9 @@ NOISE_CHOICES = ("l2", "l1", "gaussian")
 
 VARIANCES = ("sound", "paper")
 
+#: The longest stage (updates): a longer one outlasts any run, so it is capped here.
+_LONGEST = 2**62
+
 
 STEP_SCHEDULES = ("auto", "paper", "constant")
 """Step-size choices (:func:`step_rule`): ``paper`` (the paper's formulas for all three),
@@ -92,13 +95,36 @@ def noise_variance(delta_s: float, epsilon: float, dim: int, *, batch: int, nois
         raise InvalidParameterError("noise", noise, "l2, l1 or gaussian")
     if noise == "gaussian":
         z = _validate.positive("noise_multiplier", noise_multiplier)
-        per_coordinate = (z * _validate.positive("delta_s", delta_s) / 2.0) ** 2
-        return per_coordinate * (1 if variance == "paper" else
-                                 _validate.positive_int("dim", dim))
+        half = z * _validate.positive("delta_s", delta_s) / 2.0
+        dims = 1 if variance == "paper" else _validate.positive_int("dim", dim)
+        try:
+            value = half**2 * dims
+        except OverflowError:
+            value = math.inf
+        return _finite_variance(value, "noise_multiplier", z)
     if variance == "paper":
-        return 2.0 * (_validate.positive("delta_s", delta_s)
-                      / _validate.positive("epsilon", epsilon)) ** 2
-    return _mechanism(delta_s, batch, epsilon, noise).noise_variance(dim)
+        ratio = _validate.positive("delta_s", delta_s) / _validate.positive("epsilon", epsilon)
+        try:
+            value = 2.0 * ratio**2
+        except OverflowError:
+            value = math.inf
+        return _finite_variance(value, "epsilon", epsilon)
+    try:
+        value = _mechanism(delta_s, batch, epsilon, noise).noise_variance(dim)
+    except (OverflowError, ZeroDivisionError):  # a scale whose square under- or overflows
+        value = math.inf
+    return _finite_variance(value, "epsilon", epsilon)
+
+
+def _finite_variance(value: float, name: str, given: float) -> float:
+    """``value`` if finite; else the noise is too large for any step-size formula: an error
+    naming the parameter that sets it (``noise_multiplier`` or the upload ``epsilon``)."""
+    if math.isfinite(value):
+        return float(value)
+    what = "small" if name == "noise_multiplier" else "large"
+    raise InvalidParameterError(
+        name, given, f"{what} enough that the noise's variance E||eta||^2 is a finite number "
+        "(it overflows: each upload would be all noise)")
 
 
 @dataclass(frozen=True)
@@ -173,12 +199,44 @@ class MapaSchedule:
         b, tau1, lip = self.batch, self.tau + 1, self.lipschitz
         d0 = noise_variance(delta_s, self.epsilon0, self.dim, batch=b, noise=self.noise,
                             variance=self.variance, noise_multiplier=self.noise_multiplier)
-        db = self.sigma**2 / b + d0
-        raw = 8.0 * db / (self.theta**2 * b**2 * delta_s**2 * tau1)
+        try:
+            db = self.sigma**2 / b + d0
+        except OverflowError:
+            db = math.inf
+        if not math.isfinite(db):
+            raise self._refuse("sigma", self.sigma, index, "sigma^2 / b overflows")
+        try:
+            scale = self.theta**2 * b**2 * delta_s**2 * tau1
+        except OverflowError:
+            scale = math.inf
+        if not 0 < scale < math.inf:  # DeltaS (or theta) under- or overflows when squared
+            name, given = (("theta", self.theta) if index or self.theta**2 == 0 else
+                           ("sigma", self.sigma) if self.initial_clip is None else
+                           ("clip", self.initial_clip))
+            raise self._refuse(name, given, index, f"DeltaS = {delta_s:.4g} squares to "
+                               f"{delta_s * delta_s:.4g}")
+        raw = 8.0 * db / scale
         p = max(1.0, raw)
         gamma = 1.0 / (2.0 * lip * p * tau1)
-        length = max(1, math.ceil(4.0 * lip * p**2 * tau1**2 * self.r0 / db))
+        if not (math.isfinite(raw) and gamma > 0):
+            noisy = raw if math.isfinite(raw) else math.inf
+            name, given = (("lipschitz", lip) if lip > noisy else
+                           ("noise_multiplier", self.noise_multiplier)
+                           if self.noise == "gaussian" else ("epsilon", self.epsilon0))
+            raise self._refuse(name, given, index, f"Delta_b = {db:.4g}, p = {raw:.4g}, "
+                               "the step 1 / (2 L p (tau + 1)) underflows")
+        try:  # p^2 may overflow: a stage longer than any run is capped at _LONGEST updates
+            span = 4.0 * lip * p**2 * tau1**2 * self.r0 / db
+        except OverflowError:
+            span = math.inf
+        length = _LONGEST if not span < _LONGEST else max(1, math.ceil(span))
         return Stage(index, start, delta_s, b * delta_s / 2.0, d0, db, raw, p, gamma, length)
+
+    @staticmethod
+    def _refuse(name: str, given: Any, index: int, why: str) -> InvalidParameterError:
+        return InvalidParameterError(
+            name, given, f"a value whose MAPA stage-{index} step size is a positive number "
+            f"({why})")
 
     def stage(self, index: int) -> Stage:
         """Stage ``index`` (0-based), computed on demand."""
@@ -187,6 +245,10 @@ class MapaSchedule:
             if not self._stages:
                 first = initial_sensitivity(self.sigma, self.batch, self.delta) \
                     if self.initial_clip is None else 2.0 * self.initial_clip / self.batch
+                if not first < math.inf:
+                    raise self._refuse(*(("sigma", self.sigma) if self.initial_clip is None
+                                         else ("clip", self.initial_clip)), 0,
+                                       "the first sensitivity DeltaS_0 overflows")
                 st = self._make(0, 1, first)
             else:
                 prev = self._stages[-1]

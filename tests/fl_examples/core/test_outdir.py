@@ -1,5 +1,6 @@
 """``--out`` for every trainer (fl_examples.core.outdir, through ``privkit train``): reruns
-never add to another run's ledgers, ``--overwrite`` starts new ledgers and says so, nothing is
+never add to another run's ledgers, ``--overwrite --discard-ledger`` starts new ledgers, keeps
+the old ones aside and says so (tests/fl_examples/test_out_dir_safety.py: the rest), nothing is
 created before a refusal, ``--resume`` needs a run; and every trainer stops a diverging run
 with exit status 1 and one line (fl_examples.core.run)."""
 
@@ -84,11 +85,14 @@ def test_overwrite_starts_new_ledgers_and_says_so(trainer, finished, tmp_path, c
     argv, ledgers = TRAINERS[trainer]
     out = _copy(finished[trainer], tmp_path / "run")
     (out / "notes.txt").write_text("mine")  # not a trainer's file: kept
-    code, _, err = _cli([*argv, "--out", out, "--overwrite"], capsys)
+    old = {name: (out / name).read_bytes() for name in ledgers}
+    code, _, err = _cli([*argv, "--out", out, "--overwrite", "--discard-ledger"], capsys)
     assert code == 0, err
-    for name in ledgers:
-        assert any(f"--overwrite: removed {out / name}" in line and "new ledger" in line
+    for name in ledgers:  # said on stderr, and the old ledger is kept aside, not removed
+        assert any(f"--overwrite --discard-ledger: {out / name}" in line and "new ledger" in line
                    for line in err), err
+        kept = list(out.glob(f"{name}.discarded-*[0-9Z]"))
+        assert len(kept) == 1 and kept[0].read_bytes() == old[name]
     fresh = tmp_path / "fresh"
     assert main([*argv, "--out", str(fresh)]) == 0
     capsys.readouterr()

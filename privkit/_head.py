@@ -41,6 +41,11 @@ key, a head file is accepted only in a state that privkit's writes and crashes l
 * one slot not whole: only when the journal is *ahead* of the other slot's record (a crash
   after the batch's fsync, during the slot's write); a journal that ends at that record means
   the newer record was destroyed, and is refused;
+* the journal at most one batch ahead of the current record (a crash leaves no more; further
+  ahead, an older copy of the head file was put back: refused, ``ahead``), and that batch,
+  like every other, authenticated by its own MAC (:mod:`privkit._journal`): the record
+  authenticates the chain up to ``seq``, the batch's MAC the batch a crash leaves beyond it,
+  so no batch can be substituted for it;
 * the one-line layout of earlier privkits (one record, no generation): refused, since a copy
   of an older authentic record looks the same;
 * two slots of an earlier privkit (format 1: the MAC, inside the record, leaves the generation
@@ -49,8 +54,9 @@ key, a head file is accepted only in a state that privkit's writes and crashes l
   record: refused, see the message). The next write replaces the file in the current format.
 
 Without a key nothing is authenticated: the current record is the whole slot of the higher
-generation, whatever the journal, and anyone who can write the directory can write a head
-record (``docs/reliability.md``, the threat model).
+generation, whatever the journal (any number of batches ahead of it), and anyone who can write
+the directory can write a head record and re-hash the journal (``docs/reliability.md``, the
+threat model).
 
 Example:
     >>> head = Head(seq=-1, hash="ab" * 32, size=120, header_hash="ab" * 32)
@@ -369,8 +375,9 @@ def read_head(path: str) -> Head | None:
 class Problem:
     """How a journal disagrees with its head record: ``kind`` (a short code: ``missing``,
     ``unreadable``, ``other``, ``unauthenticated``, ``needs-key``, ``bad-mac``, ``one-line``,
-    ``slots``, ``ambiguous``, ``spoilt``, ``behind``, ``diverged``) and a one-line
-    ``message``."""
+    ``slots``, ``ambiguous``, ``spoilt``, ``behind``, ``diverged``, ``ahead``, and
+    ``batch-mac`` for a batch of the journal that the key does not authenticate,
+    :mod:`privkit._reopen`) and a one-line ``message``."""
 
     kind: str
     message: str
@@ -454,7 +461,7 @@ def select(found: HeadFile | None, *, journal: str, key: bytes | None) -> Readin
 
 def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int,
           hash_at: Callable[[int], str], size_at: int | None,
-          spoilt: str | None = None) -> Problem | None:
+          spoilt: str | None = None, batches_ahead: int | None = None) -> Problem | None:
     """Whether the journal (``journal_seq``: its last committed entry; ``hash_at(seq)``: the
     hash of an entry; ``size_at``: its length through the batch that ends at ``head.seq``,
     None if none does) agrees with the head record ``head`` that :func:`select` chose (None:
@@ -463,7 +470,10 @@ def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int
     None means it does: the journal holds every committed entry, and perhaps a batch more
     (a crash between the journal's fsync and the head record's). With ``spoilt`` (one slot
     not whole, a key set) the journal must be ahead of ``head``: that is what a crash
-    leaves, and a journal that ends at ``head`` means the newer record was destroyed.
+    leaves, and a journal that ends at ``head`` means the newer record was destroyed. With
+    ``batches_ahead`` (a key set: the number of batches the journal holds after ``head.seq``)
+    it may be one batch ahead at most: a crash leaves no more, and a journal further ahead
+    lies beside an older copy of its head record, from which it may have been cut anywhere.
     """
     where = head_path(journal)
     if head is None:
@@ -485,6 +495,11 @@ def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int
         return Problem("diverged", f"{journal}: the journal holds {got} through entry "
                        f"{head.seq} but its head record {where} says {head.size}: the journal "
                        "was rewritten")
+    if batches_ahead is not None and batches_ahead > 1:
+        return Problem("ahead", f"{journal}: the journal holds {batches_ahead} batches after "
+                       f"the entry its head record {where} names ({head.describe()}); a crash "
+                       "leaves one at most, so an older copy of the head record was put back "
+                       "(and the journal may have been cut after it)")
     if spoilt is not None and journal_seq == head.seq:
         return Problem("spoilt", f"{journal}: {spoilt} of the head record {where} is not whole "
                        f"and the journal ends at the other slot's record ({head.describe()}): a "

@@ -25,6 +25,21 @@ priced it (``"inf"`` for no noise), else null: a charge is priced only when the 
 needed it (never without a budget). Format ``privkit.ledger/1``, the same but with a number in
 every ``eps_after``, is still read and appended to in its own format.
 
+**Batch MACs.** With a ledger key, the last entry of every batch carries ``mac``: HMAC-SHA256
+under the key of :data:`BATCH_MAC_PREFIX` and the entry's canonical JSON without ``hash`` and
+``mac`` (:func:`batch_mac`); ``hash`` is then computed over the entry with its ``mac``, as
+always. The entry names its seq, its batch and, through ``prev_hash``, the whole chain before
+it, so one MAC per batch authenticates the batch and everything before it: the batch a crash
+can leave beyond the head record (written and synced before the record) is accepted only if it
+verifies, and no one without the key can append, substitute or re-hash a batch. A ledger
+created with a key is of format :data:`SCHEMA_KEYED` (``privkit.ledger/3``: otherwise
+``privkit.ledger/2``), in which every batch must carry a MAC that verifies; in a keyed journal
+of format ``/2`` or ``/1`` (written before batch MACs) batches without one are accepted only up
+to the authenticated head record and before the first batch with one, and every batch
+appended carries one. A ``recover`` entry that is itself authenticated vouches for the
+batches before it (the recovery accepted the journal as it was). Without a key nothing is
+written or checked, and a keyless journal is byte for byte what it was.
+
 Example:
     >>> canonical_json({"b": 1, "a": ["é", 0.5]})
     '{"a":["é",0.5],"b":1}'
@@ -36,6 +51,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -49,9 +65,15 @@ from privkit.errors import InvalidParameterError, LedgerCorruptError, LedgerErro
 from privkit.events.mechanisms import as_relation
 
 SCHEMA = "privkit.ledger/2"
-#: Formats this privkit reads: ``/1`` (every ``eps_after`` a number) and ``/2`` (``eps_after``
-#: may be null); it appends to a journal in the format of its header.
-SCHEMAS = ("privkit.ledger/1", SCHEMA)
+"""The format of a ledger created without a key."""
+SCHEMA_KEYED = "privkit.ledger/3"
+"""The format of a ledger created with a key: ``/2`` with a MAC in every batch (module doc)."""
+#: Formats this privkit reads: ``/1`` (every ``eps_after`` a number), ``/2`` (``eps_after``
+#: may be null) and ``/3`` (``/2``, every batch MACed); it appends to a journal in the format of
+#: its header (with a MAC in each batch whenever a key is set).
+SCHEMAS = ("privkit.ledger/1", SCHEMA, SCHEMA_KEYED)
+BATCH_MAC_PREFIX = b"privkit.ledger/3 batch\n"
+"""What a batch MAC's input starts with (no other MAC of the ledger key can pass for one)."""
 NOISE_READING = "per-contribution"
 """What a noise multiplier means in a journal's events, recorded in every new header
 (``noise_reading``): stddev / C, C the bound on one contribution, under every relation (the
@@ -68,12 +90,19 @@ _FORK_KEYS = frozenset(
     {"batch_end", "from_hash", "from_seq", "hash", "kind", "prev_hash", "run_id", "seq"})
 _RECOVER_KEYS = frozenset(
     {"at", "batch_end", "hash", "head_record", "kind", "prev_hash", "problem", "reason", "seq"})
+_UNMACED = frozenset({"hash", "mac"})
 
 
 # ------------------------------------------------------- values and hashes
 def hash_hex(fields: Mapping[str, Any]) -> str:
     """SHA-256 (hex) of the canonical JSON of ``fields``."""
     return hashlib.sha256(canonical_json(fields).encode("utf-8")).hexdigest()
+
+
+def batch_mac(key: bytes, body: str) -> str:
+    """The MAC of a batch whose last entry, without ``hash`` and ``mac``, has the canonical
+    JSON ``body``: HMAC-SHA256 under ``key`` of :data:`BATCH_MAC_PREFIX` and ``body``."""
+    return hmac.new(key, BATCH_MAC_PREFIX + body.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def _hash_matches(body: Mapping[str, Any], expected: Any) -> bool:
@@ -86,6 +115,12 @@ def _hash_matches(body: Mapping[str, Any], expected: Any) -> bool:
 def is_int(value: Any) -> TypeGuard[int]:
     """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_mac(value: Any) -> bool:
+    """A MAC as written: 64 lower-case hex digits."""
+    return (isinstance(value, str) and len(value) == 64
+            and all(c in "0123456789abcdef" for c in value))
 
 
 def _is_str_or_none(value: Any) -> bool:
@@ -195,9 +230,9 @@ def check_header(h: dict[str, Any] | None, path: str) -> dict[str, Any]:
     if schema not in SCHEMAS:
         version = str(schema)[len(prefix):] if str(schema).startswith(prefix) else ""
         if version.isdigit() and int(version) > 1:
-            raise bad(f"schema {schema!r} is newer than this privkit reads ({SCHEMA!r}); "
+            raise bad(f"schema {schema!r} is newer than this privkit reads ({SCHEMAS[-1]!r}); "
                       "upgrade privkit")
-        raise bad(f"unknown schema {schema!r}; expected {SCHEMA!r}")
+        raise bad(f"unknown schema {schema!r}; expected {SCHEMA!r} or {SCHEMA_KEYED!r}")
     body = {k: v for k, v in h.items() if k != "hash"}
     if not _hash_matches(body, h.get("hash")):
         raise bad("header hash mismatch (the header was edited or damaged)")
@@ -284,19 +319,21 @@ def _spend_fields_ok(e: Mapping[str, Any], null_eps: bool) -> bool:
 
 def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, str]],
                  eps: Sequence[float | None], fixed: Mapping[str, str],
-                 events: Sequence[tuple[str, str]] | None = None) -> tuple[bytes, list[str]]:
+                 events: Sequence[tuple[str, str]] | None = None,
+                 key: bytes | None = None) -> tuple[bytes, list[str]]:
     """The lines of one spend batch starting at seq ``first`` after hash ``prev``, and hashes.
 
     ``links`` holds each client's (client_seq, client_prev_hash); ``fixed`` the
     canonical JSON of the fields every entry shares (count, event, label, meta,
-    round, run_id, step); ``events``, if given, each entry's own (event, count) JSON instead.
+    round, run_id, step); ``events``, if given, each entry's own (event, count) JSON instead;
+    ``key``, if given, the ledger key that MACs the batch (in its last entry, :func:`batch_mac`).
     """
     # Canonical JSON built by hand (keys in sorted order) for speed; Journal.load
-    # re-checks every hash with the generic encoder.
+    # re-checks every hash and MAC with the generic encoder.
     lines, hashes = [], []
     end = first + len(ids) - 1
-    post = ('"kind":"spend","label":' + fixed["label"] + ',"meta":' + fixed["meta"]
-            + ',"prev_hash":"')
+    label = '"kind":"spend","label":' + fixed["label"]
+    post = label + ',"meta":' + fixed["meta"] + ',"prev_hash":"'
     last = ',"round":' + fixed["round"] + ',"run_id":' + fixed["run_id"] + ',"seq":'
     step = ',"step":' + fixed["step"] + "}"
     for k, (cid, (cseq, cprev)) in enumerate(zip(ids, links, strict=True)):
@@ -307,10 +344,22 @@ def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, s
                 f'"client_prev_hash":"{cprev}","client_seq":{cseq},"count":{count},'
                 f'"eps_after":{e_json},"event":{event},')
         rest = f'{post}{prev}"{last}{first + k}{step}'
+        if key is not None and k == len(ids) - 1:  # "mac" sorts between "label" and "meta"
+            mac = batch_mac(key, head + rest)
+            rest = f'{label},"mac":"{mac}"{rest[len(label):]}'
         prev = hashlib.sha256((head + rest).encode("utf-8")).hexdigest()
         lines.append(f'{head}"hash":"{prev}",{rest}\n')
         hashes.append(prev)
     return "".join(lines).encode("utf-8"), hashes
+
+
+def _with_hash(entry: dict[str, Any], key: bytes | None) -> dict[str, Any]:
+    """A one-entry batch ``entry`` (without ``hash``) with its ``mac`` (with ``key``) and
+    ``hash``."""
+    if key is not None:
+        entry["mac"] = batch_mac(key, canonical_json(entry))
+    entry["hash"] = hash_hex(entry)
+    return entry
 
 
 # ------------------------------------------------------------------- files
@@ -448,13 +497,21 @@ class Journal:
     def __init__(self, header_hash: str, path: str | None, size: int = 0,
                  key: bytes | None = None, schema: str = SCHEMA) -> None:
         """``size``: bytes of the file already read or written (the header line); ``key``:
-        the ledger key that authenticates the head record (None: none); ``schema``: the
-        header's format."""
+        the ledger key that authenticates the head record and MACs each batch (None: none);
+        ``schema``: the header's format."""
         self.path = path
         self.null_eps = schema != SCHEMAS[0]
         """Whether the format allows a null ``eps_after`` (not ``privkit.ledger/1``)."""
         self.head_file = None if path is None else _head.head_path(path)
         self._key = key
+        self._before_macs = schema != SCHEMA_KEYED  # written before batch MACs: may lack them
+        self._maced = False  # a batch whose MAC verifies was read
+        self.unauthenticated: tuple[int, int, int, str] | None = None
+        """With a key: the first batch, after the last authenticated ``recover`` entry, that
+        nothing authenticates, as (line of its last entry, its seq, the offset where it
+        starts, why); set by :meth:`load`, None if there is none."""
+        self.batches_after_mark = 0
+        """The number of batches :meth:`load` read after the seq it was asked to mark."""
         self.header_hash = header_hash
         self.head_seq, self.head_hash = -1, header_hash
         self._new_link = (0, header_hash)
@@ -480,7 +537,10 @@ class Journal:
         batch is complete, each of its entries is checked against the chains
         and, if a spend, passed to ``on_spend(entry, lineno)``, in order.
         :attr:`marked_size` is set to the journal's length through the batch
-        that ends at seq ``mark`` (-1: the header alone).
+        that ends at seq ``mark`` (-1: the header alone; ``mark`` is the head record's seq),
+        :attr:`batches_after_mark` to the number of batches after it and, with a key,
+        :attr:`unauthenticated` to the first batch that no MAC authenticates (the caller
+        refuses it, :mod:`privkit._reopen`).
 
         Raises:
             LedgerCorruptError: a malformed, edited or missing entry (names the line).
@@ -509,23 +569,55 @@ class Journal:
             if not (is_int(end) and end >= seq
                     and (not pending or pending[0][0]["batch_end"] == end)):
                 raise corrupt(self.path, lineno, f"bad batch_end {end!r}")
+            if "mac" in entry and not (seq == end and _is_mac(entry["mac"])):
+                raise corrupt(self.path, lineno, "a malformed MAC, or a MAC on an entry that "
+                                                 "does not end its batch")
             pending.append((entry, lineno))
             if seq == end:
                 for e, n in pending:
                     self._chain(e, n, on_spend)
+                if self._key is not None:
+                    self._authenticate(entry, lineno, mark, committed)
+                if mark is not None and seq > mark:
+                    self.batches_after_mark += 1
                 pending, committed = [], offset
                 if seq == mark:
                     self.marked_size = committed
         self._valid_size, self._known_size = committed, offset
         return offset - committed
 
+    def _authenticate(self, e: dict[str, Any], lineno: int, mark: int | None,
+                      offset: int) -> None:
+        """Check the MAC of the batch that ``e`` (at ``lineno``) ends and that starts at byte
+        ``offset``, with the key; note it in :attr:`unauthenticated` if nothing authenticates
+        it (``mark``: the head record's seq, which authenticates the chain up to it)."""
+        assert self._key is not None
+        mac, seq = e.get("mac"), e["seq"]
+        if mac is not None and hmac.compare_digest(
+                mac, batch_mac(self._key, canonical_json(
+                    {k: v for k, v in e.items() if k not in _UNMACED}))):
+            self._maced = True
+        elif not (mac is None and self._before_macs and not self._maced and mark is not None
+                  and seq <= mark):
+            if self.unauthenticated is None:
+                why = ("has a MAC that this ledger key does not give" if mac is not None
+                       else "carries no MAC although batches before it do" if self._maced
+                       else "carries no MAC" if not self._before_macs or mark is None
+                       else f"carries no MAC and comes after the entry its head record names "
+                            f"(seq {mark}; a privkit from before batch MACs leaves such a "
+                            "batch when it crashes before writing the head record)")
+                self.unauthenticated = (lineno, seq, offset, why)
+            return
+        if e["kind"] == "recover":  # an authenticated recovery accepted what is before it
+            self.unauthenticated = None
+
     def _chain(self, e: dict[str, Any], lineno: int,
                on_spend: Callable[[dict[str, Any], int], None]) -> None:
         """Verify one hash-checked entry of a complete batch against the chains; add it."""
         if e.get("prev_hash") != self.head_hash:
             raise corrupt(self.path, lineno, "prev_hash does not match the previous entry")
-        kind = e.get("kind")
-        if kind == "spend" and set(e) == _SPEND_KEYS:
+        kind, fields = e.get("kind"), e.keys() - {"mac"}
+        if kind == "spend" and fields == _SPEND_KEYS:
             cid = e["client_id"]
             valid_id = isinstance(cid, str) and bool(cid)
             cseq, cprev = self._links.get(cid, self._new_link) if valid_id else self._new_link
@@ -539,12 +631,12 @@ class Journal:
                 raise corrupt(self.path, lineno, "a field has the wrong type or range")
             on_spend(e, lineno)
             self._links[cid] = (cseq + 1, e["hash"])
-        elif kind == "fork" and set(e) == _FORK_KEYS:
+        elif kind == "fork" and fields == _FORK_KEYS:
             src = e["from_seq"]
             if not (is_int(src) and -1 <= src < e["seq"] == e["batch_end"]
                     and self.hash_at(src) == e["from_hash"] and _is_str_or_none(e["run_id"])):
                 raise corrupt(self.path, lineno, "fork entry does not point at an earlier entry")
-        elif kind == "recover" and set(e) == _RECOVER_KEYS:
+        elif kind == "recover" and fields == _RECOVER_KEYS:
             if not (e["seq"] == e["batch_end"] and _recover_fields_ok(e)):
                 raise corrupt(self.path, lineno, "a recover entry's field has the wrong type")
         else:
@@ -569,7 +661,7 @@ class Journal:
         """
         links = [self._links.get(c, self._new_link) for c in ids]
         data, hashes = _spend_lines(self.head_seq + 1, self.head_hash, ids, links, eps, fixed,
-                                    events)
+                                    events, self._key)
         self._append(data, hashes)
         self._links.update(zip(ids, [(s + 1, h) for (s, _), h in zip(links, hashes, strict=True)],
                                strict=True))
@@ -584,7 +676,7 @@ class Journal:
         entry: dict[str, Any] = {
             "at": at, "batch_end": seq, "head_record": record, "kind": "recover",
             "prev_hash": self.head_hash, "problem": problem, "reason": reason, "seq": seq}
-        entry["hash"] = hash_hex(entry)
+        _with_hash(entry, self._key)
         self._append((canonical_json(entry) + "\n").encode("utf-8"), [entry["hash"]])
 
     def write_head(self) -> None:
@@ -613,7 +705,7 @@ class Journal:
         entry: dict[str, Any] = {
             "batch_end": seq, "from_hash": from_hash, "from_seq": from_seq, "kind": "fork",
             "prev_hash": self.head_hash, "run_id": run_id, "seq": seq}
-        entry["hash"] = hash_hex(entry)
+        _with_hash(entry, self._key)
         self._append((canonical_json(entry) + "\n").encode("utf-8"), [entry["hash"]])
 
     def _append(self, data: bytes, hashes: list[str]) -> None:

@@ -5,7 +5,8 @@ record first and the journal after it, under a shared lock on the journal (write
 exclusively while they append a batch and move the head record), so a reader never sees a
 head record ahead of the journal it reads. :func:`privkit._head.select` says which record is
 current (and refuses a head file that privkit's writes and crashes cannot leave, when a key
-is set), :func:`privkit._head.check` whether the journal agrees with it; :func:`settle` creates
+is set), :func:`privkit._head.check` whether the journal agrees with it; with a key, a batch
+that its MAC does not authenticate (:mod:`privkit._journal`) is refused too; :func:`settle` creates
 a missing head record (a ledger from before head records) or moves one the journal is a batch
 ahead of (a crash between their writes).
 """
@@ -78,7 +79,16 @@ def read(cls: Any, path: Any, key: Any) -> tuple[Any, Any, Any]:
         return ledger, reading.problem, head
     problem = _head.check(head, journal=path, header_hash=j.header_hash,
                           journal_seq=j.head_seq, hash_at=j.hash_at, size_at=j.marked_size,
-                          spoilt=reading.spoilt)
+                          spoilt=reading.spoilt,
+                          batches_ahead=None if k is None else j.batches_after_mark)
+    if problem is None and j.unauthenticated is not None:
+        assert k is not None
+        lineno, seq, offset, why = j.unauthenticated
+        problem = _head.Problem(
+            "batch-mac", f"{path}: line {lineno}: the batch ending at seq {seq} (from byte "
+            f"{offset}) {why}: with a ledger key (key id {_head.key_id(k)}) every batch "
+            "carries its MAC, so the batch was forged or changed, or written without this "
+            "key")
     if problem is None and reading.spoilt is not None:  # said by settle, which repairs it
         ledger.head_note = (f"{reading.spoilt} of the head record was not whole (a crash "
                             "during its write)")
@@ -89,6 +99,11 @@ def refusal(problem: _head.Problem, path: str) -> LedgerHeadError:
     """The error :meth:`~privkit.ledger.Ledger.open` raises for ``problem`` (one line)."""
     if problem.kind == "needs-key":
         advice = ""
+    elif problem.kind == "batch-mac":
+        advice = ("; refused: a batch the key does not authenticate is never counted or "
+                  "continued from (if it is not genuine, cut the journal at that byte; to accept "
+                  f"the journal as it is, Ledger.recover or `privkit ledger recover {path} "
+                  "--accept-rollback` continues from it and records the recovery in it)")
     elif problem.kind in ("one-line", "ambiguous", "spoilt", "slots"):
         advice = ("; refused: spend is never rolled back (if the journal is known to be whole, "
                   f"or its loss is accepted, Ledger.recover or `privkit ledger recover {path} "

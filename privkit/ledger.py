@@ -13,14 +13,15 @@ budget holds is reached by cheap valid bounds while far from it and by tight
 prices only near it (:mod:`privkit.accountants.budget`). The decision is the one
 the tight price gives, and :meth:`Ledger.epsilons` always reports tight prices.
 
-The journal (format ``privkit.ledger/2``) is written one fsynced batch per
-charge and verified when reopened; :mod:`privkit._journal` describes the format
+The journal (format ``privkit.ledger/2``; ``/3`` with a ledger key) is written one fsynced
+batch per charge and verified when reopened; :mod:`privkit._journal` describes the format
 and does the file I/O, this module the accounting. After every batch a head
 record beside the journal (``<journal>.head``, :mod:`privkit._head`) records the
 last committed entry, optionally authenticated with a ledger key, so that a
 journal that lost committed entries (rolled back to an older copy, cut short)
-is refused on open; :meth:`Ledger.recover` continues from such a journal
-explicitly and records that it did.
+is refused on open; with the key every batch carries a MAC too, so that none can be forged
+or substituted. :meth:`Ledger.recover` continues from such a journal explicitly and records
+that it did.
 
 Example:
     >>> from privkit.events import GaussianDpEvent
@@ -51,6 +52,7 @@ from privkit._dpa import dp_event
 from privkit._journal import (
     NOISE_READING,
     SCHEMA,
+    SCHEMA_KEYED,
     atomic_write_bytes,
     canonical_json,
     is_int,
@@ -75,7 +77,7 @@ if TYPE_CHECKING:
 else:
     DpEvent = dp_event.DpEvent
 
-__all__ = ["NOISE_READING", "SCHEMA", "Ledger", "LedgerPointer", "LedgerReport",
+__all__ = ["NOISE_READING", "SCHEMA", "SCHEMA_KEYED", "Ledger", "LedgerPointer", "LedgerReport",
            "SpendReceipt", "atomic_write_bytes"]
 
 
@@ -289,9 +291,11 @@ class Ledger:
                 ``SOURCE_DATE_EPOCH`` environment variable if it is set, the
                 reproducible-builds convention, else now); fix it for byte-identical ledgers
                 across runs.
-            key: the ledger key that authenticates the head record (HMAC-SHA256; at least
-                16 bytes); None: the ``PRIVKIT_LEDGER_KEY`` environment variable (the key
-                text) or ``PRIVKIT_LEDGER_KEY_FILE`` (a file holding it), else no key.
+            key: the ledger key that authenticates the head record and every batch
+                (HMAC-SHA256; at least 16 bytes); None: the ``PRIVKIT_LEDGER_KEY`` environment
+                variable (the key text) or ``PRIVKIT_LEDGER_KEY_FILE`` (a file holding it),
+                else no key. A ledger created with a key is of format :data:`SCHEMA_KEYED`
+                (each batch carries a MAC), one without of :data:`SCHEMA`.
 
         Raises:
             InvalidParameterError: a bad argument (named in the message).
@@ -301,13 +305,15 @@ class Ledger:
                 created).
         """
         created = _now_iso() if created is None else _created(created)
+        if path is not None:
+            path = _journal.as_path(path)
+        k = None if path is None else _head.load_key(key)
         header = _journal.make_header(population_id, delta, epsilon_budget, method,
-                                      neighboring_relation, created)
+                                      neighboring_relation, created,
+                                      SCHEMA if k is None else SCHEMA_KEYED)
         header["hash"] = _journal.hash_hex(header)
         if path is None:
             return cls(header, None)
-        path = _journal.as_path(path)
-        k = _head.load_key(key)
         return cls(header, path, _journal.create_file(path, header, k), k)
 
     @classmethod
@@ -333,7 +339,9 @@ class Ledger:
                 record is unreadable, missing (with a key) or not authenticated by the key;
                 with a key, also a head file that privkit's writes and crashes cannot leave
                 (a destroyed current slot, slots out of order, the one-line layout of
-                earlier privkits: :mod:`privkit._head`).
+                earlier privkits: :mod:`privkit._head`), a journal more than one batch ahead
+                of its head record (``ahead``), and a batch that the key's MAC does not
+                authenticate (``batch-mac``, naming the line: :mod:`privkit._journal`).
             LedgerError: there is no journal at ``path``; a file cannot be read (named, with
                 the error); the header was written when a REPLACE_ONE noise multiplier meant
                 stddev / (2C) (no ``noise_reading``, :data:`NOISE_READING`), or records a

@@ -386,7 +386,7 @@ def test_malformed_middle_line_is_corrupt(tmp_path):
         Ledger.open(path)
 
 
-@pytest.mark.parametrize("schema, match", [("privkit.ledger/3", "newer"),
+@pytest.mark.parametrize("schema, match", [("privkit.ledger/4", "newer"),
                                            ("other.thing/1", "unknown schema")])
 def test_schema_mismatch_is_refused(tmp_path, schema, match):
     path = tmp_path / "l.jsonl"

@@ -50,7 +50,7 @@ def best(fn: Callable[[], Any], device: str, repeat: int = 3) -> float:
 def clip_noise(device: str, n: int) -> None:
     x = torch.randn(n, device=device, dtype=torch.float32)
     gen = torch.Generator(device=device).manual_seed(0)
-    mech = privkit.GaussianOutputPerturbation(l2_clip_norm=1.0, noise_multiplier=1.0)
+    mech = privkit.GaussianOutputPerturbation(l2_clip_norm=1.0, stddev=2.0)
     t_mech = best(lambda: mech(x, rng=gen), device)
     t_bare = best(lambda: x + torch.randn(x.shape, generator=gen, device=device,
                                           dtype=x.dtype), device)

@@ -27,9 +27,10 @@ from typing import Any, NoReturn
 from privkit import _validate
 from privkit import audit as _audit
 from privkit.accountants import Method, NeighboringRelation, epsilon
+from privkit.accountants.accountant import relation_label as epsilon_report_label
 from privkit.accountants.calibration import calibrate_noise_multiplier, calibrate_steps
 from privkit.errors import InvalidParameterError, PrivkitError
-from privkit.events import gaussian_steps_event, pure_steps_event
+from privkit.events import NOISE_MULTIPLIER_NOTE, gaussian_steps_event, pure_steps_event
 
 __all__ = ["main", "version", "COMMAND_GROUP", "EXAMPLES_INSTALL", "EXAMPLES_MODULES",
            "HelpFormatter", "add_quiet"]
@@ -175,16 +176,18 @@ def add_quiet(parser: argparse.ArgumentParser) -> None:
 
 _add_quiet = add_quiet
 
-_RELATIONS = {"add-remove": "ADD_OR_REMOVE_ONE", "replace-one": "REPLACE_ONE"}
+_RELATIONS = {"add-remove": "ADD_OR_REMOVE_ONE", "replace-one": "REPLACE_ONE",
+              "zero-out": "REPLACE_SPECIAL"}
 
 
 def _add_relation(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--relation", default="add-remove", choices=list(_RELATIONS),
-        help="neighbouring relation the mechanism's sensitivity is for (z = stddev / that "
-        "sensitivity): add-remove (one record added or removed) or replace-one (one record "
-        "replaced, e.g. privkit.GaussianOutputPerturbation's 2 tau); it changes the epsilon "
-        "of sampled steps only, and the report names it")
+        help="neighbouring relation to price under: add-remove (one record added or removed; "
+        "sensitivity C), zero-out (one record replaced by a null one that contributes "
+        "nothing; C) or replace-one (one record replaced by another; 2C). "
+        "--noise-multiplier is stddev / C (C the clip norm) under every relation, as in "
+        "Opacus and dp-accounting's PLD")
 
 
 def _add_schedule(parser: argparse.ArgumentParser, *, steps: bool) -> None:
@@ -350,7 +353,8 @@ def _cmd_epsilon(a: argparse.Namespace) -> None:
         ev = gaussian_steps_event(a.noise_multiplier, _validate.positive_int("steps", a.steps),
                                   a.sampling_probability)
         settings = {"noise_multiplier": a.noise_multiplier, "steps": int(a.steps),
-                    "sampling_probability": a.sampling_probability, "relation": a.relation}
+                    "sampling_probability": a.sampling_probability, "relation": a.relation,
+                    "noise_multiplier_note": NOISE_MULTIPLIER_NOTE}
     else:
         ev = pure_steps_event(a.epsilon, _validate.positive_int("steps", a.steps))
         settings = {"epsilon0": a.epsilon, "steps": int(a.steps)}
@@ -358,12 +362,16 @@ def _cmd_epsilon(a: argparse.Namespace) -> None:
     r = epsilon(ev, a.delta, a.method,
                 neighboring_relation=NeighboringRelation[_RELATIONS[relation]])
     out = r.to_dict() | settings
-    _emit(out, a.json, r.summary())
+    text = r.summary()
+    if a.mechanism == "gaussian":
+        text += f"\n  - {NOISE_MULTIPLIER_NOTE}"
+    _emit(out, a.json, text)
 
 
 def _cmd_calibrate(a: argparse.Namespace) -> None:
     relation = NeighboringRelation[_RELATIONS[a.relation]]
-    rel_note = "" if a.relation == "add-remove" else "; neighbouring relation: replace_one"
+    rel_note = "" if a.relation == "add-remove" else \
+        f"; neighbouring relation: {epsilon_report_label(relation.name)}"
     if a.batch_size is not None or (a.sampling_probability or 1.0) < 1:
         _check_gaussian_method(a.method, a.sampling_probability)
     if a.mechanism == "steps":
@@ -374,11 +382,12 @@ def _cmd_calibrate(a: argparse.Namespace) -> None:
         out = {"steps": s.steps, "epochs": s.epochs, "epsilon": s.epsilon, "delta": s.delta,
                "method": s.method, "target_epsilon": s.target_epsilon,
                "noise_multiplier": a.noise_multiplier,
-               "sampling_probability": s.sampling_probability, "relation": a.relation}
+               "sampling_probability": s.sampling_probability, "relation": a.relation,
+               "noise_multiplier_note": NOISE_MULTIPLIER_NOTE}
         run = (f"; {s.epochs:.6g} epochs at q={s.sampling_probability:.6g}"
                if s.sampling_probability < 1 else "")
         _emit(out, a.json, f"steps = {s.steps} (verified eps <= {s.epsilon:.6g} at "
-              f"delta={s.delta:.3g}, {s.method}{rel_note}){run}")
+              f"delta={s.delta:.3g}, {s.method}{rel_note}){run}\n  - {NOISE_MULTIPLIER_NOTE}")
         return
     r = calibrate_noise_multiplier(target_epsilon=a.target_epsilon, delta=a.delta,
                                    steps=a.steps, epochs=a.epochs,
@@ -387,14 +396,15 @@ def _cmd_calibrate(a: argparse.Namespace) -> None:
                                    method=a.method, neighboring_relation=relation)
     out = {"noise_multiplier": r.noise_multiplier, "epsilon": r.epsilon, "delta": r.delta,
            "method": r.method, "target_epsilon": r.target_epsilon, "steps": r.steps,
-           "sampling_probability": r.sampling_probability, "relation": a.relation}
+           "sampling_probability": r.sampling_probability, "relation": a.relation,
+           "noise_multiplier_note": NOISE_MULTIPLIER_NOTE}
     if a.epochs is not None:
         out["epochs"] = a.epochs
     run = (f"; {r.steps} steps at q={r.sampling_probability:.6g}" if a.epochs is not None
            or a.batch_size is not None else "")
     _emit(out, a.json, f"noise_multiplier = {r.noise_multiplier:.6g} "
           f"(verified eps <= {r.epsilon:.6g} at delta={r.delta:.3g}, {r.method}{rel_note})"
-          f"{run}")
+          f"{run}\n  - {NOISE_MULTIPLIER_NOTE}")
 
 
 def demo_rows() -> list[tuple[str, str, float, str, float]]:

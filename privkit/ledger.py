@@ -377,6 +377,8 @@ class Ledger:
         if problem is None:
             raise LedgerError(f"{ledger.path}: nothing to recover: the journal agrees with its "
                               "head record")
+        if problem.kind == "needs-key":  # recovering would write a keyless head over it
+            raise _reopen.refusal(problem, str(ledger.path))
         with ledger._lock:
             ledger._journal.check_usable()
             ledger._journal.append_recover(problem.kind, head, reason, _now_iso())

@@ -8,8 +8,9 @@ with whatever the registry served that day. make test installs from constraints.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

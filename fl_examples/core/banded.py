@@ -15,7 +15,12 @@ Participation (``--participation``):
   that did not take part in the last ``s - 1`` data rounds (s-min-separation, s = b by
   default); a client can then take part at most ``ceil(T / s)`` times. The server knows who
   took part: **no amplification**. A round with fewer eligible clients than ``m`` takes them
-  all (counted in the report as a shortfall); the divisor stays ``m``.
+  all (counted in the report as a shortfall); the divisor stays ``m``. A fixed cohort size
+  means an added client can push another out of a round (and, with s > 1, move its later
+  rounds), so this schema is priced under **zero-out** (dp-accounting's ``REPLACE_SPECIAL``:
+  a client's data replaced by a null contribution, the client keeping its rounds), which it
+  satisfies: the population and the schedule are public and never depend on the data. The
+  report gives replace-one beside it.
 * ``cyclic``: clients split by id into ``g`` groups (``c mod g``, fixed before training);
   data round ``t`` serves every client of group ``(t - 1) mod g``. No amplification.
 * ``poisson``: the cyclic groups, and within the round's group each client independently with
@@ -58,7 +63,7 @@ from privkit.accountants.bandmf import (
     calibrate_bandmf,
 )
 from privkit.errors import InvalidParameterError
-from privkit.events import NoOpDpEvent
+from privkit.events import NOISE_MULTIPLIER_NOTE, NoOpDpEvent
 from privkit.events.mechanisms import NeighboringRelation
 from privkit.ledger import Ledger
 from privkit.mechanisms.bandmf import BANDMF_TRUST_ASSUMPTION, BandedToeplitzStrategy, BandMF
@@ -202,10 +207,20 @@ class BandedDpPlan:
         return members[u < self.client_rate]
 
     # -- accounting --------------------------------------------------------------------------
-    def round_events(self, neighboring_relation: Any = None) -> tuple[Any, ...]:
-        rel = neighboring_relation or NeighboringRelation.ADD_OR_REMOVE_ONE
-        return _round_events(self.strategy, self.noise_multiplier, self.rounds, self.schema,
-                             rel)
+    @property
+    def neighboring_relation(self) -> Any:
+        """The relation the schedule satisfies and the ledger prices under: zero-out for
+        ``minsep`` (a fixed cohort size: module docstring), add/remove one client for
+        ``cyclic`` and ``poisson`` (groups by client id, coins keyed by client id: an added
+        client moves nobody else)."""
+        if self.participation == "minsep":
+            return NeighboringRelation.REPLACE_SPECIAL
+        return NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def round_events(self) -> tuple[Any, ...]:
+        """Each data round's event (the same under every relation: the accountant applies
+        the relation's sensitivity)."""
+        return _round_events(self.strategy, self.noise_multiplier, self.rounds, self.schema)
 
     def entries(self, data_round: int, sel: Any = None, epochs: Any = None
                 ) -> list[tuple[str, Any]]:
@@ -218,10 +233,9 @@ class BandedDpPlan:
         ev = self.round_events()[data_round - 1]
         return [] if isinstance(ev, NoOpDpEvent) else [(POPULATION, ev)]
 
-    def run_event(self, rounds: int | None = None, neighboring_relation: Any = None) -> Any:
+    def run_event(self, rounds: int | None = None) -> Any:
         """The event of the first ``rounds`` data rounds (default: all T)."""
-        rel = neighboring_relation or NeighboringRelation.ADD_OR_REMOVE_ONE
-        evs = [e for e in self.round_events(rel)[: self.rounds if rounds is None else rounds]
+        evs = [e for e in self.round_events()[: self.rounds if rounds is None else rounds]
                if not isinstance(e, NoOpDpEvent)]
         return privkit.ComposedDpEvent(evs)
 
@@ -292,6 +306,9 @@ class BandedDpPlan:
             out.append(f"the cohort size m = {self.cohort} and divisor m, the separation "
                        f"{self.separation}; who took part in each round (the server knows it; "
                        "the guarantee does not hide it)")
+            out.append("the population: which clients exist (zero-out protects what a "
+                       "client's data contributes, not whether the client is in the "
+                       "population)")
         elif self.participation == "cyclic":
             out.append(f"the {self.groups} groups (client id mod {self.groups}) and each "
                        "group's size, the divisor; who took part")
@@ -315,12 +332,15 @@ class BandedDpPlan:
             "max_participations": self.max_participations,
             "sensitivity": {"value": sens.value, "exact": sens.exact, "method": sens.method},
             "l2_clip_norm": self.l2_clip_norm, "noise_multiplier": self.noise_multiplier,
+            "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
             "noise_stddev_of_draws": self.noise_multiplier * self.l2_clip_norm,
             "client_rate": self.client_rate, "server_lr": self.server_lr,
             "server_momentum": self.server_momentum,
-            "neighboring_relation": "add_or_remove_one client",
+            "neighboring_relation": ("zero-out client (replace_special)"
+                                     if self.participation == "minsep"
+                                     else "add_or_remove_one client"),
             "trust": BANDMF_TRUST_ASSUMPTION,
-            "assumptions": list(bandmf_assumptions(self.schema)),
+            "assumptions": list(bandmf_assumptions(self.schema, self.neighboring_relation)),
             "band_time_axis": "data rounds (Upcycled-FL's even iterations touch no data and "
                               "do not advance the noise)"}
 
@@ -332,14 +352,14 @@ class BandedDpPlan:
         done = 0 if noise_state is None else int(noise_state.next_round)
         out["charged_rounds"] = done
         out["per_client"] = [out["epsilon_max"]] * num_clients
-        out["epsilon_replace_one"] = _price(self.run_event(done, ro), out["delta"], ro) \
+        out["epsilon_replace_one"] = _price(self.run_event(done), out["delta"], ro) \
             if done else 0.0
         if self.participation == "poisson":
             # against the server that draws the sample: the cyclic schema, no amplification
             cyc = bandmf_event(self.strategy, noise_multiplier=self.noise_multiplier,
                                rounds=self.rounds, participation=Cyclic(self.groups))
             out["epsilon_unamplified"] = {
-                "epsilon_whole_run": _price(cyc, out["delta"]),
+                "epsilon_whole_run": _price(cyc, out["delta"], self.neighboring_relation),
                 "note": "against anyone who knows which clients took part: the cyclic "
                         "schema's epsilon for the whole run, without amplification"}
         else:
@@ -360,15 +380,14 @@ def _price(event: Any, delta: float, rel: Any = None) -> float:
 _EVENTS: dict[Any, tuple[Any, ...]] = {}
 
 
-def _round_events(strategy: Any, z: float, rounds: int, schema: Any, rel: Any
-                  ) -> tuple[Any, ...]:
+def _round_events(strategy: Any, z: float, rounds: int, schema: Any) -> tuple[Any, ...]:
     """bandmf_round_events, memoised (a run asks for its round's event every round)."""
-    key = (strategy, z, rounds, schema, rel)
+    key = (strategy, z, rounds, schema)
     if key not in _EVENTS:
         if len(_EVENTS) > 64:
             _EVENTS.clear()
         _EVENTS[key] = bandmf_round_events(strategy, noise_multiplier=z, rounds=rounds,
-                                           participation=schema, neighboring_relation=rel)
+                                           participation=schema)
     return _EVENTS[key]
 
 
@@ -391,7 +410,8 @@ def banded_plan(*, num_clients: int, rounds: int, bands: int, participation: str
     if noise_for_epsilon is None:
         return plan, {}
     cal = calibrate_bandmf(plan.strategy, target_epsilon=noise_for_epsilon, delta=delta,
-                           rounds=rounds, participation=plan.schema)
+                           rounds=rounds, participation=plan.schema,
+                           neighboring_relation=plan.neighboring_relation)
     plan = BandedDpPlan(num_clients, rounds, bands, participation, client_rate, g,
                         l2_clip_norm, cal.noise_multiplier, server_lr, server_momentum,
                         min_separation)

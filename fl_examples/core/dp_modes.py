@@ -34,6 +34,7 @@ from fl_examples.core.rounds import client_uniforms
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit.errors import BudgetExceededError, InvalidParameterError
+from privkit.events import NOISE_MULTIPLIER_NOTE
 from privkit.events.mechanisms import NeighboringRelation
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import (
@@ -200,8 +201,8 @@ class ClientDpPlan:
             k = next(iter(delta.values())).shape[0]
             dev = next(iter(w.values())).device
             norms = torch.zeros(k, dtype=torch.float64, device=dev)
-            for v in delta.values():
-                norms += v.reshape(k, -1).to(torch.float64).pow(2).sum(1)
+            for v in delta.values():  # an explicit width: K may be 0 (reshape(0, -1) fails)
+                norms += v.reshape(k, math.prod(v.shape[1:])).to(torch.float64).pow(2).sum(1)
             state["clip"] = self.adaptive.update(clip, norms.sqrt(),
                                                  expected_clients=self.expected_clients,
                                                  rng=generator)
@@ -220,6 +221,7 @@ class ClientDpPlan:
         out: dict[str, Any] = {
             "mechanism": "client_level_gaussian (DP-FedAvg)", "privacy_unit": "client",
             "l2_clip_norm": self.l2_clip_norm, "noise_multiplier": self.noise_multiplier,
+            "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
             "noise_stddev_of_sum": self.noise_multiplier * self.l2_clip_norm,
             "client_rate": self.client_rate, "expected_clients": self.expected_clients,
             "server_lr": self.server_lr, "server_momentum": self.server_momentum,
@@ -237,6 +239,10 @@ class ClientDpPlan:
                          "same sample: one Gaussian per round",
                 "joint_noise_multiplier": self.effective_noise_multiplier}
         return out
+
+    #: The relation the ledger prices under: add or remove one client (Poisson sampling keyed
+    #: by client id: adding a client never moves another).
+    neighboring_relation = NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def unamplified(self, rounds: int, delta: float, neighboring_relation: Any = None
                     ) -> dict[str, Any]:
@@ -283,6 +289,8 @@ class RecordDpPlan:
     """
 
     kind = "record"
+    #: The relation the ledgers price under: add or remove one record.
+    neighboring_relation = NeighboringRelation.ADD_OR_REMOVE_ONE
 
     sizes: tuple[int, ...]
     settings: DpSgdSettings
@@ -297,6 +305,7 @@ class RecordDpPlan:
         s = self.settings
         return {"mechanism": "record_level_dpsgd", "privacy_unit": "record",
                 "l2_clip_norm": s.l2_clip_norm, "noise_multiplier": s.noise_multiplier,
+                "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
                 "expected_batch_size": s.batch_size,
                 "sampling_rate_per_client": [min(1.0, s.batch_size / n) for n in self.sizes],
                 "neighboring_relation": "add_or_remove_one record",
@@ -327,30 +336,15 @@ class RecordDpPlan:
 
 
 def replace_one_epsilons(ledger: Ledger, ids: list[str], delta: float) -> np.ndarray:
-    """Each client's epsilon with its ledger's Gaussian (or Poisson-sampled Gaussian) atoms
-    priced under replace-one: the same noise against twice the sensitivity (z / 2)."""
+    """Each client's epsilon with its ledger's events priced under replace-one: the same noise
+    against twice the sensitivity (the accountant applies it: an event's noise multiplier is
+    stddev / C under every relation)."""
     ro = NeighboringRelation.REPLACE_ONE
-    events = []
-    for cid in ids:
-        atoms = [(_halve(a), n) for a, n in ledger.composition(cid).atoms]
-        events.append(privkit.ComposedDpEvent([privkit.SelfComposedDpEvent(a, n)
-                                               for a, n in atoms]) if atoms else None)
-    live = [e for e in events if e is not None]
+    comps = [ledger.composition(cid) for cid in ids]
+    live = [privkit.ComposedDpEvent([privkit.SelfComposedDpEvent(a, n) for a, n in c.atoms])
+            for c in comps if c.atoms]
     eps = iter(privkit.epsilon_batch(live, delta, neighboring_relation=ro) if live else [])
-    return np.array([0.0 if e is None else float(next(eps)) for e in events])
-
-
-def _halve(event: Any) -> Any:
-    """``event`` (Gaussian, Poisson-sampled Gaussian or a self-composition of them) with every
-    Gaussian's noise multiplier halved (privkit's replace-one convention)."""
-    if isinstance(event, privkit.GaussianDpEvent):
-        return privkit.GaussianDpEvent(event.noise_multiplier / 2)
-    if isinstance(event, privkit.PoissonSampledDpEvent):
-        return privkit.PoissonSampledDpEvent(event.sampling_probability, _halve(event.event))
-    if isinstance(event, privkit.SelfComposedDpEvent):
-        return privkit.SelfComposedDpEvent(_halve(event.event), event.count)
-    raise InvalidParameterError("event", type(event).__name__,
-                                "a Gaussian or Poisson-sampled Gaussian event")
+    return np.array([float(next(eps)) if c.atoms else 0.0 for c in comps])
 
 
 def calibrate_record(counts: Sequence[int], sizes: Sequence[int], *, target: float,

@@ -138,6 +138,22 @@ class PrivacyPlan:
             momentum=self.momentum, allow_unproven=self.allow_unproven, glm=self.glm)
 
     @property
+    def neighboring_relation(self) -> Any:
+        """The relation the mechanisms' sensitivities are for, which the ledger prices under:
+        output perturbation's own (replace-one, or add/remove for ``paper``); add/remove for
+        objective perturbation (a pure-DP guarantee stated for one record's presence)."""
+        if self.kind == "output":
+            return self.mechanism(0).neighboring_relation
+        return privkit.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def chargeable(self, client: int) -> Any:
+        """What the ledger is charged for one release of ``client``: the output-perturbation
+        mechanism itself (the ledger then refuses it under a relation its sensitivity is not
+        for), or objective perturbation's event."""
+        mech = self.mechanism(client)
+        return mech if self.kind == "output" else mech.event()
+
+    @property
     def proven(self) -> bool:
         """Whether every assumption behind the reported epsilon is enforced by the code."""
         return self.kind == "output" and self.sensitivity != "paper"
@@ -177,7 +193,7 @@ class PrivacyPlan:
         """
         events: dict[Any, list[str]] = {}
         for c in clients:
-            events.setdefault(self.mechanism(int(c)).event(), []).append(str(c))
+            events.setdefault(self.chargeable(int(c)), []).append(str(c))
         if not events:
             return -1
         try:  # one all-or-nothing write (one fsync) for the whole round
@@ -196,7 +212,8 @@ class PrivacyPlan:
         top = int(np.argmax(arr))
         comp = ledger.composition(str(top))
         method = privkit.epsilon(privkit.ComposedDpEvent(
-            [privkit.SelfComposedDpEvent(a, n) for a, n in comp.atoms]), rep.delta).method \
+            [privkit.SelfComposedDpEvent(a, n) for a, n in comp.atoms]), rep.delta,
+            neighboring_relation=self.neighboring_relation).method \
             if comp.atoms else rep.method.value
         out = {"delta": rep.delta, "epsilon_mean": float(arr.mean()),
                "epsilon_max": float(arr.max()), "method": method,
@@ -225,7 +242,8 @@ def _moments(plan: PrivacyPlan, counts: Sequence[int], delta: float) -> list[flo
             out.append(0.0)
             continue
         ev = privkit.SelfComposedDpEvent(plan.mechanism(i).event(), n)
-        out.append(privkit.epsilon(ev, delta, "moments").epsilon)
+        out.append(privkit.epsilon(ev, delta, "moments",
+                                   neighboring_relation=plan.neighboring_relation).epsilon)
     return out
 
 
@@ -247,7 +265,7 @@ def calibrate(make_plan: Callable[[float], PrivacyPlan], counts: Sequence[int], 
                for i, n in enumerate(counts) if n > 0]
         if not evs:
             return 0.0
-        e = privkit.epsilon_batch(evs, delta)
+        e = privkit.epsilon_batch(evs, delta, neighboring_relation=plan.neighboring_relation)
         e = np.concatenate([e, np.zeros(sum(1 for n in counts if n == 0))])
         return float(e.mean() if statistic == "mean" else e.max())
 

@@ -92,20 +92,11 @@ def straggler_epochs(tree: SeedTree, data_round: int, num_selected: int, straggl
     return epochs, strag
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 words (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def client_uniforms(tree: SeedTree, data_round: int, stream: str, clients: Any,
                     count: int) -> np.ndarray:
-    """``(len(clients), count)`` uniforms in [0, 1): row i depends only on the seed, the round,
-    the stream and client ``clients[i]``'s id (a counter-based hash, no shared generator), so
-    a client's draws never depend on who else is drawn for, or on the population size.
+    """``(len(clients), count)`` uniforms in [0, 1), row i keyed by client ``clients[i]``'s id
+    alone (:meth:`privkit.seeds.SeedTree.uniforms`): a client's draws never depend on who
+    else is drawn for, or on the population size.
 
     Example:
         >>> t = SeedTree(0)
@@ -114,10 +105,7 @@ def client_uniforms(tree: SeedTree, data_round: int, stream: str, clients: Any,
         >>> bool((a[0] == b[1]).all())
         True
     """
-    keys = tree.sequence(data_round, stream).generate_state(count, np.uint64)
-    ids = _splitmix64(np.asarray(clients, dtype=np.uint64).reshape(-1, 1))
-    words = _splitmix64(ids ^ keys.reshape(1, -1))
-    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return tree.uniforms(data_round, stream, clients, count)
 
 
 def independent_straggler_epochs(tree: SeedTree, data_round: int, clients: np.ndarray,

@@ -486,10 +486,24 @@ def _check_attempts(ledger: Ledger, pointer: LedgerPointer, pending: Sequence[di
 
 
 # ------------------------------------------------------------------------- settings
+#: The largest float32: the models train in float32, so a step size above it overflows.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def float32_scale(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """A finite number > 0 (>= 0 with ``allow_zero``) that float32 arithmetic can hold (a
+    learning rate, a proximal coefficient: the models train in float32)."""
+    v = (_validate.nonnegative if allow_zero else _validate.positive)(name, value)
+    if v > FLOAT32_MAX:
+        raise InvalidParameterError(name, value, f"at most {FLOAT32_MAX:.4g} (the models train "
+                                    "in float32)")
+    return v
+
+
 _SHARED: dict[str, Callable[[str, Any], Any]] = {
     "local_epochs": _validate.positive_int,
     "batch_size": _validate.positive_int,
-    "lr": _validate.positive,
+    "lr": float32_scale,
     "delta": lambda name, v: None if v is None else _validate.delta(name, v),
     "epsilon_budget": lambda name, v: None if v is None else _validate.positive(name, v),
     "seed": _validate.nonnegative_int,

@@ -7,10 +7,9 @@ Central: amplified by the server's secret client sampling.
   computed once per event (:mod:`privkit.accountants.rec`).
 * DP-FedAvg: T rounds of :class:`privkit.ClientLevelGaussian` (each client's update clipped
   to C, one N(0, (z C)^2) draw on the sum) on a Poisson sample at rate q, priced by
-  :func:`privkit.epsilon` under the run's relation. Under add-remove the event is the
-  mechanism's own, ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``; under replace-one the
-  sum's sensitivity is 2C and privkit's convention (noise multiplier = stddev / sensitivity
-  under the relation priced) makes it ``PoissonSampledDpEvent(q, GaussianDpEvent(z / 2))``.
+  :func:`privkit.epsilon` under the run's relation. The event is the mechanism's own,
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, under either relation (z = stddev / C);
+  under replace-one the accountant applies the sum's sensitivity 2C.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import numpy as np
 
 import privkit
 from fl_examples.dprec.config import (
-    ADD_OR_REMOVE_ONE,
     REPLACE_ONE,
     DPRecConfig,
     relation_of,
@@ -31,7 +29,7 @@ from privkit.accountants import rdp, rules
 from privkit.accountants.calibration import _solve_noise
 from privkit.accountants.rec import rec_run_event
 from privkit.errors import InvalidParameterError
-from privkit.events import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+from privkit.events import SelfComposedDpEvent
 from privkit.mechanisms.aggregate import ClientLevelGaussian
 
 __all__ = ["dprec_central_epsilon", "calibrate_dprec", "dpfedavg_round_event",
@@ -41,7 +39,8 @@ __all__ = ["dprec_central_epsilon", "calibrate_dprec", "dpfedavg_round_event",
 @functools.lru_cache(maxsize=64)
 def _curve(atom: Any) -> np.ndarray:
     """RDP of one use of ``atom`` at privkit's orders (replace-one), computed once."""
-    return rules.rdp_curve(atom, rdp.ORDERS, REPLACE_ONE)
+    return rules.rdp_curve(rules.relative_to_sensitivity(atom, REPLACE_ONE), rdp.ORDERS,
+                           REPLACE_ONE)
 
 
 def _eps(atom: Any, count: int, delta: float) -> float:
@@ -94,13 +93,9 @@ def calibrate_dprec(target: float, cfg: DPRecConfig, num_clients: int,
 
 
 def dpfedavg_round_event(z: float, client_rate: float, relation: Any) -> Any:
-    """One DP-FedAvg round priced under ``relation``: :class:`privkit.ClientLevelGaussian`'s
-    event (add-remove), or the same noise against the replace-one sensitivity 2C."""
-    ev = ClientLevelGaussian(1.0, z, client_rate).event()  # the clip norm cancels in z
-    if relation == ADD_OR_REMOVE_ONE:
-        return ev
-    inner = GaussianDpEvent(float(z) / 2)
-    return inner if client_rate == 1 else PoissonSampledDpEvent(float(client_rate), inner)
+    """One DP-FedAvg round: :class:`privkit.ClientLevelGaussian`'s event, the same under
+    either relation (price it under ``relation``: replace-one doubles the sensitivity)."""
+    return ClientLevelGaussian(1.0, z, client_rate).event(relation)  # clip cancels in z
 
 
 @functools.lru_cache(maxsize=1024)

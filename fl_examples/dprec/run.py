@@ -61,7 +61,7 @@ from privkit._journal import canonical_json
 from privkit._rng import SecureRandom
 from privkit.accountants.rec import AMPLIFICATION_ASSUMPTION, RecDpEvent
 from privkit.errors import InvalidParameterError
-from privkit.events import event_to_dict
+from privkit.events import NOISE_MULTIPLIER_NOTE, event_to_dict
 from privkit.events.mechanisms import NeighboringRelation
 from privkit.ledger import Ledger, LedgerPointer
 from privkit.mechanisms import rec
@@ -503,6 +503,7 @@ class _Run(TrainerRun):
                     "secret from everyone but the server (amplification used)",
                     f"{relation}: neighbouring federations differ in one whole client"],
                 "mechanism": "client_level_gaussian (DP-FedAvg)", "noise_multiplier": self.z,
+                "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
                 "event_noise_multiplier": float(getattr(ev, "event", ev).noise_multiplier),
                 "noise_stddev_of_sum": self.z * cfg.l2_clip,
                 "noise_stddev": self.z * cfg.l2_clip / (self.q * self.n),

@@ -16,6 +16,7 @@ from typing import Any
 
 from fl_examples.core.privacy import BudgetStop, PrivacyPlan
 from privkit.errors import InvalidParameterError
+from privkit.events.mechanisms import NeighboringRelation
 from privkit.flower import records as keys
 from privkit.flower.settings import PrivacySettings, rec_num_groups
 from privkit.ledger import Ledger
@@ -34,6 +35,17 @@ def settings_plan(settings: PrivacySettings, sizes: Sequence[int], *, proximal_m
                        batch_size=int(batch_size), momentum=float(momentum), **fields)
 
 
+def relation_of(settings: PrivacySettings) -> Any:
+    """The relation the settings' mechanism is priced under (None: DP-REC, whose events carry
+    their own): output perturbation's replace-one (add/remove for the paper's sensitivity),
+    objective perturbation's add/remove, as :class:`PrivacyPlan` charges them."""
+    if settings.kind == "rec":
+        return None
+    if settings.kind == "output" and settings.sensitivity != "paper":
+        return NeighboringRelation.REPLACE_ONE
+    return NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
 class ServerAccountant:
     """A privkit ledger charged by a Flower strategy, one release per client per data round.
 
@@ -50,6 +62,12 @@ class ServerAccountant:
             raise InvalidParameterError("privacy", settings, "a PrivacySettings")
         if not isinstance(ledger, Ledger):
             raise InvalidParameterError("ledger", ledger, "a privkit Ledger")
+        need = relation_of(settings)
+        if need is not None and ledger.neighboring_relation != need:
+            raise InvalidParameterError(
+                "ledger", ledger.neighboring_relation.name,
+                f"a ledger for {need.name}: the {settings.kind} mechanism's sensitivity is "
+                f"for it (Ledger.create(..., neighboring_relation={need.name!r}))")
         self.settings, self.ledger, self.run_id = settings, ledger, run_id
         self.plan: PrivacyPlan | None = None
         self.num_clients = 0

@@ -31,7 +31,7 @@ from privkit.accountants.amplification import (
     amplified_epsilon,
 )
 from privkit.errors import NumericalError
-from privkit.events import DpEvent, SelfComposedDpEvent
+from privkit.events import NOISE_MULTIPLIER_NOTE, DpEvent, SelfComposedDpEvent
 from privkit.ledger import Ledger
 
 __all__ = ["AMPLIFICATION_ASSUMPTION", "GAUSSIAN_ASSUMPTION", "PoissonSampledPureDpEvent",
@@ -71,7 +71,12 @@ def _edge_events(cfg: MapaConfig, dim: int, sizes: np.ndarray, z: float | None =
     base = [_upload_event(cfg, float(e), dim) for e in eps.tolist()]
     if not cfg.amplification:
         return base, base
-    return [PoissonSampledPureDpEvent(float(qk), ev) for qk, ev in zip(q.tolist(), base)], base
+    # The amplified step's inner guarantee is the upload's replace-one epsilon (its event
+    # states it: L2LaplaceDpEvent(eps), or for L1 noise LaplaceDpEvent(2 / eps), whose
+    # add/remove reading 1 / z would assume a fixed divisor; PureDpEvent(eps) says eps).
+    inner = [ev if isinstance(ev, privkit.L2LaplaceDpEvent) else privkit.PureDpEvent(float(e))
+             for ev, e in zip(base, eps.tolist())]
+    return [PoissonSampledPureDpEvent(float(qk), ev) for qk, ev in zip(q.tolist(), inner)], base
 
 
 def _relation(cfg: MapaConfig) -> str:
@@ -300,6 +305,7 @@ def _gaussian_section(run: Any, per_edge: np.ndarray, uploads: np.ndarray) -> di
         "noise": (f"Gaussian N(0, (z C_s)^2 I) on the sum of clipped per-example gradients, "
                   f"divided by the expected batch size b = {cfg.batch}; z = {run.z:.6g}"),
         "noise_multiplier": run.z,
+        "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
         "clipping": "per-example L2 clip C_s (AUDP: --audp-clip; MAPA: its stage clip "
                     "C_s = b DeltaS_s / 2)",
         "batch_sampling": (f"Poisson: each record of edge k independently with probability "

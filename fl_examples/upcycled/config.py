@@ -17,6 +17,7 @@ from fl_examples.core.privacy import (
 )
 from fl_examples.core.run import (
     check_shared_settings,
+    float32_scale,
 )
 from privkit import _validate
 from privkit.errors import InvalidParameterError
@@ -182,8 +183,8 @@ class UpcycledConfig:
     min_separation: int | None = None
 
     def __post_init__(self) -> None:
-        _validate.nonnegative("mu", self.mu)
-        _validate.nonnegative("lam", self.lam)
+        float32_scale("mu", self.mu, allow_zero=True)
+        float32_scale("lam", self.lam, allow_zero=True)
         if self.mu > 0 and not self.lam > 0:
             raise InvalidParameterError("lam", self.lam, "> 0 when mu > 0")
         if self.lam_schedule not in ("constant", "sqrt"):

@@ -417,7 +417,8 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     device = resolve_device(cfg.device)
     model = _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
     plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
-    ledger = _open_ledger(algorithm, cfg, out, resume) if plan is not None else None
+    ledger = _open_ledger(algorithm, cfg, out, resume, plan.neighboring_relation) \
+        if plan is not None else None
     run = _Run(algorithm, cfg, ds, device, plan, ledger, model, iterations=iterations,
                calibration=calibration)
     drive(run, checkpoints=checkpoint_dir(out, algorithm),
@@ -426,8 +427,10 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     return run.report()
 
 
-def _open_ledger(algorithm: str, cfg: UpcycledConfig, out: Path | None, resume: bool) -> Ledger:
-    """One ledger per (output directory, algorithm); reopened, never reset, by every run."""
+def _open_ledger(algorithm: str, cfg: UpcycledConfig, out: Path | None, resume: bool,
+                 relation: Any) -> Ledger:
+    """One ledger per (output directory, algorithm), under the relation the plan's
+    sensitivity is for; reopened, never reset, by every run."""
     return open_ledger(out, algorithm, population_id=f"{cfg.dataset}|seed={cfg.seed}|{algorithm}",
                        delta=cfg.delta, resume=resume, reopen=True,
-                       epsilon_budget=cfg.epsilon_budget)
+                       epsilon_budget=cfg.epsilon_budget, neighboring_relation=relation)

@@ -162,7 +162,7 @@ class EpsilonReport:
         return o if o is NotImplemented else float(self.epsilon) >= o
 
     def __str__(self) -> str:
-        rel = (f"; neighbouring relation: {self.neighboring_relation.lower()}"
+        rel = (f"; neighbouring relation: {relation_label(self.neighboring_relation)}"
                if self.neighboring_relation else "")
         return f"eps <= {self.epsilon:.6g} at delta={self.delta:.3g}  [{self.method}{rel}]"
 
@@ -183,6 +183,20 @@ class EpsilonReport:
 
 # ----------------------------------------------------------------- helpers
 _relation = as_relation
+
+
+def relation_label(name: str) -> str:
+    """How a report names a relation (zero-out is dp-accounting's REPLACE_SPECIAL)."""
+    return "zero-out (replace_special)" if name == "REPLACE_SPECIAL" else name.lower()
+
+
+def _priced_rho(comp: Composition, relation: Any) -> float | None:
+    """:func:`_rho_total` of a composition of user events under ``relation`` (None also when
+    the relation refuses an atom: the full pricing then says why)."""
+    if _rho_total(comp) is None:
+        return None
+    _check_relation(comp, relation)
+    return _rho_total(rules.priced(comp, relation)[0])
 
 
 def _rho_total(comp: Composition) -> float | None:
@@ -250,6 +264,10 @@ def unsupported(comp: Composition, method: Method, relation: Any) -> str | None:
             return why
     if comp.non_private or comp.empty:
         return None
+    try:
+        comp, relation = rules.priced(comp, relation)
+    except UnsupportedEventError as exc:
+        return str(exc)
     rho, pure_ok, fft = (_rho_total(comp) is not None, _pure_terms(comp) is not None,
                          _fft_atoms(comp) is not None)
     if method in (Method.EXACT, Method.MOMENTS):
@@ -303,7 +321,7 @@ def atom_rdp(atom: dp_event.DpEvent, relation: Any) -> np.ndarray:
 
 
 def _assumptions(comp: Composition, relation: Any) -> tuple[str, ...]:
-    out = [f"neighbouring relation: {relation.name.lower()}"]
+    out = [f"neighbouring relation: {relation_label(relation.name)}"]
     if any(isinstance(a, dp_event.PoissonSampledDpEvent) for a, _ in comp.atoms):
         out.append("Poisson subsampling whose outcome stays secret (amplification used)")
     if any(only_known_as_pure(a) for a, _ in comp.atoms):
@@ -514,18 +532,25 @@ def auto_prefers_pld(comp: Composition, d: float) -> bool:
 
 # ------------------------------------------------------------ public API
 def _price_epsilon(comp: Composition, d: float, method: Method, relation: Any) -> EpsilonReport:
+    """The report for a composition of user events (re-expressed against the relation's
+    sensitivity here, once: :func:`privkit.accountants.rules.priced`)."""
     if comp.non_private:
         return EpsilonReport(math.inf, d, "non-private (noise 0 or NonPrivateDpEvent)",
                              _assumptions(comp, relation), relation.name)
     if comp.empty:
         return EpsilonReport(0.0, d, "none (no events)", (), None)
     _check_relation(comp, relation)
-    if method is Method.AUTO:
-        e, name = _auto_epsilon(comp, d, relation)
-    else:
-        e, name = _epsilon_by(comp, d, method, relation)
+    e, name = _priced_epsilon(*rules.priced(comp, relation), d, method)
     return EpsilonReport(_check_result(e, "epsilon"), d, name, _assumptions(comp, relation),
                          relation.name)
+
+
+def _priced_epsilon(comp: Composition, relation: Any, d: float, method: Method
+                    ) -> tuple[float, str]:
+    """Epsilon of a composition already re-expressed against ``relation``'s sensitivity."""
+    if method is Method.AUTO:
+        return _auto_epsilon(comp, d, relation)
+    return _epsilon_by(comp, d, method, relation)
 
 
 def epsilon(
@@ -608,7 +633,8 @@ def _price_delta(comp: Composition, e: float, m: Method, rel: Any) -> EpsilonRep
         return EpsilonReport(e, 0.0, "none (no events)" if comp.empty else "epsilon = inf",
                              _assumptions(comp, rel), None if comp.empty else rel.name)
     _check_relation(comp, rel)
-    d, name = _auto_delta(comp, e, rel) if m is Method.AUTO else _delta_by(comp, e, m, rel)
+    pc, prel = rules.priced(comp, rel)
+    d, name = _auto_delta(pc, e, prel) if m is Method.AUTO else _delta_by(pc, e, m, prel)
     if math.isnan(d) or d < 0 or d > 1 + 1e-12:
         raise NumericalError(f"delta came out as {d}; refusing to report it")
     return EpsilonReport(e, min(d, 1.0), name, _assumptions(comp, rel), rel.name)
@@ -637,14 +663,15 @@ def epsilon_batch(
 def epsilon_batch_compositions(
     comps: Sequence[Composition], d: float, m: Method, rel: Any
 ) -> np.ndarray:
-    """As :func:`epsilon_batch`, on already-flattened compositions."""
+    """As :func:`epsilon_batch`, on already-flattened compositions (of user events: each is
+    re-expressed against the relation's sensitivity here)."""
     out = np.empty(len(comps))
     unique: dict[Composition, list[int]] = {}
     for i, c in enumerate(comps):
         unique.setdefault(c, []).append(i)
     keys = list(unique)
     if m in (Method.AUTO, Method.EXACT):
-        rhos = [None if c.non_private or c.empty else _rho_total(c) for c in keys]
+        rhos = [None if c.non_private or c.empty else _priced_rho(c, rel) for c in keys]
         gauss = [i for i, r in enumerate(rhos) if r is not None]
         if gauss:
             mus = np.sqrt(2 * np.array([rhos[i] for i in gauss]))

@@ -96,6 +96,10 @@ def _(event: PoissonSampledPureDpEvent, relation: Any) -> str | None:
     return None
 
 
+# A pure-DP guarantee (priced under add/remove only, relation_error above).
+rules.relative_to_sensitivity.register(PoissonSampledPureDpEvent, rules.guarantee_event)
+
+
 @rules.notes.register(PoissonSampledPureDpEvent)
 def _(event: PoissonSampledPureDpEvent) -> tuple[str, ...]:
     return (AMPLIFICATION_ASSUMPTION,)

@@ -12,9 +12,13 @@ L2 sensitivity under add/remove-one-client is
 
 over the participation patterns pi the schema allows and unit vectors g,
 
-and the run is ``GaussianDpEvent(z / sens)``, composed once (``z / (2 sens)`` under
-replace-one, privkit's convention). :func:`bandmf_sensitivity` computes ``sens`` for the
-participation schemas below, never below the true maximum:
+and the run is ``GaussianDpEvent(z / sens)``, composed once, under every relation (the
+accountant doubles the sensitivity under replace-one). Zero-out (``REPLACE_SPECIAL``: a
+client's data replaced by a null contribution, the client staying in its rounds) has the same
+sensitivity as add/remove, and it is the relation a fixed schedule satisfies: a server that
+fixes the population and each round's cohort size cannot promise that adding a client moves
+nobody else. :func:`bandmf_sensitivity` computes ``sens`` for the participation schemas below,
+never below the true maximum:
 
 - **exact, closed form**, for a banded Toeplitz ``C`` when participations are at least ``b``
   rounds apart (columns of different rounds have disjoint supports: ``X`` restricted to a
@@ -388,8 +392,9 @@ def _noise(noise_multiplier: Any) -> float:
 
 
 def _scale(relation: Any) -> float:
-    """Sensitivity factor of the relation: replacing a client moves each row by up to 2 C."""
-    return 1.0 if relation == NeighboringRelation.ADD_OR_REMOVE_ONE else 2.0
+    """Sensitivity factor of the relation: replacing a client moves each row by up to 2 C (the
+    accountant applies it to the events; here only for the calibration's first guess)."""
+    return 2.0 if relation == NeighboringRelation.REPLACE_ONE else 1.0
 
 
 def _amplified(st: _Strategy, schema: CyclicPoisson) -> tuple[float, int]:
@@ -415,14 +420,16 @@ class _Priced:
     blocks: int = 0
     sampling_probability: float = 1.0
 
-    def block_event(self, z: float, relation: Any) -> DpEvent:
-        """The Gaussian of the whole run, or (amplified) of one block, subsampled."""
-        inner = GaussianDpEvent(z / (self.sensitivity * _scale(relation)))
+    def block_event(self, z: float) -> DpEvent:
+        """The Gaussian of the whole run, or (amplified) of one block, subsampled: its noise
+        multiplier is relative to the bound on one client's contribution per round (the
+        accountant doubles it under ``REPLACE_ONE``)."""
+        inner = GaussianDpEvent(z / self.sensitivity)
         q = self.sampling_probability
         return inner if q == 1 else PoissonSampledDpEvent(q, inner)
 
-    def event(self, z: float, relation: Any) -> DpEvent:
-        one = self.block_event(z, relation)
+    def event(self, z: float) -> DpEvent:
+        one = self.block_event(z)
         return SelfComposedDpEvent(one, self.blocks) if self.blocks else one
 
 
@@ -443,22 +450,27 @@ def bandmf_event(strategy: Any, *, noise_multiplier: float, rounds: int, partici
                  neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE) -> DpEvent:
     """The event of a whole run (JAX-Privacy style pure builder).
 
-    ``MinSeparation`` / ``Cyclic``: ``GaussianDpEvent(z / sens)`` (``z / (2 sens)`` under
-    ``REPLACE_ONE``), composed once. ``CyclicPoisson``:
+    ``MinSeparation`` / ``Cyclic``: ``GaussianDpEvent(z / sens)``, composed once.
+    ``CyclicPoisson``:
     ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z / zeta)), ceil(T / g))``
-    with ``zeta`` the largest column norm (``q = 1``: no sampling event).
+    with ``zeta`` the largest column norm (``q = 1``: no sampling event). The event is the
+    same under every relation (noise over the bound on one contribution); price it under the
+    relation the schedule satisfies: a schedule that fixes the population and the cohort size
+    (``MinSeparation`` with a fixed number per round, ``Cyclic``) satisfies zero-out
+    (``REPLACE_SPECIAL``) and ``REPLACE_ONE``, not add/remove (an added client could push
+    another out of a round).
 
     Args:
         strategy: as for :func:`bandmf_sensitivity`.
         noise_multiplier: the mechanism's z (stddev of ``Z`` / clip norm), finite, > 0.
         rounds: T, the rounds the run releases.
         participation: :class:`MinSeparation`, :class:`Cyclic` or :class:`CyclicPoisson`.
-        neighboring_relation: ``ADD_OR_REMOVE_ONE`` (default) or ``REPLACE_ONE`` (a client
-            replaced by another in the same rounds); price the event under the same one.
+        neighboring_relation: the relation it will be priced under (validated; any of
+            ``ADD_OR_REMOVE_ONE``, ``REPLACE_SPECIAL``, ``REPLACE_ONE``).
     """
     z = _noise(noise_multiplier)
-    rel = _relation(neighboring_relation)
-    return _priced(strategy, rounds, participation)[0].event(z, rel)
+    _relation(neighboring_relation)
+    return _priced(strategy, rounds, participation)[0].event(z)
 
 
 def bandmf_round_events(strategy: Any, *, noise_multiplier: float, rounds: int,
@@ -476,24 +488,23 @@ def bandmf_round_events(strategy: Any, *, noise_multiplier: float, rounds: int,
     whole run's event in round 0.
     """
     z = _noise(noise_multiplier)
-    rel = _relation(neighboring_relation)
+    _relation(neighboring_relation)
     priced, st, schema = _priced(strategy, rounds, participation)
     t = st.rounds
     noop: DpEvent = NoOpDpEvent()
     if isinstance(schema, CyclicPoisson):
-        one = priced.block_event(z, rel)
+        one = priced.block_event(z)
         return tuple(one if r % int(schema.groups) == 0 else noop for r in range(t))
     s = int(schema.min_separation if isinstance(schema, MinSeparation) else schema.groups)
     k = min(int(getattr(schema, "max_participations", t)), -(-t // s))
     if st.coefficients is None or not (s >= st.bandwidth or st.monotone):
-        return (priced.event(z, rel),) + (noop,) * (t - 1)
+        return (priced.event(z),) + (noop,) * (t - 1)
     c = st.coefficients
     rows = np.zeros(t)
     for start in _uniform(t, s, k):  # row r of C 1_pi: the uniform pattern's entries
         stop = min(t, start + c.size)
         rows[start:stop] += c[: stop - start]
-    scale = _scale(rel)
-    return tuple(GaussianDpEvent(z / (abs(v) * scale)) if v != 0 else noop for v in rows)
+    return tuple(GaussianDpEvent(z / abs(v)) if v != 0 else noop for v in rows)
 
 
 # ------------------------------------------------------------------ assumptions
@@ -529,9 +540,13 @@ def bandmf_assumptions(participation: Any,
         out.append("the server may pick any subset of the round's group (no amplification)")
     out.append("updates may depend on earlier releases (adaptive streams), never on who "
                "else took part")
-    out.append("neighbouring relation: " + (
-        "add or remove one client with all its rounds" if rel.name == "ADD_OR_REMOVE_ONE"
-        else "replace one client by another in the same rounds"))
+    out.append("neighbouring relation: " + {
+        "ADD_OR_REMOVE_ONE": "add or remove one client with all its rounds",
+        "REPLACE_SPECIAL": "zero-out: one client's data replaced by a null contribution in "
+                           "the same rounds (the population and the schedule are public and "
+                           "never depend on the data)",
+        "REPLACE_ONE": "replace one client's data by another's in the same rounds "
+                       "(sensitivity twice the clip norm per participation)"}[rel.name])
     return tuple(out)
 
 
@@ -576,10 +591,10 @@ def calibrate_bandmf(strategy: Any, *, target_epsilon: float, delta: float, roun
     rel = _relation(neighboring_relation)
     priced = _priced(strategy, rounds, participation)[0]
     guess = priced.sensitivity * _scale(rel)
-    z, eps, method = calibrate_noise(lambda x: priced.event(x, rel), target_epsilon=target,
+    z, eps, method = calibrate_noise(priced.event, target_epsilon=target,
                                      delta=d, tol=tol, initial_guess=guess,
                                      neighboring_relation=rel)
-    event = priced.event(z, rel)
+    event = priced.event(z)
     check = epsilon(event, d, neighboring_relation=rel)
     if check.epsilon > target:  # cannot happen: the same event was priced; guard anyway
         raise NumericalError("calibration failed to verify its answer")

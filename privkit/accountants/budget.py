@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from privkit.accountants import rdp
+from privkit.accountants import rdp, rules
 from privkit.accountants.accountant import (
     Method,
     _fft_atoms,
@@ -80,7 +80,9 @@ class States:
     Args:
         delta: the delta of every epsilon.
         method: the accounting method of the tight prices.
-        relation: dp-accounting's neighbouring relation.
+        relation: dp-accounting's neighbouring relation. The states hold the charged events
+            as given; each is re-expressed against the relation's sensitivity only when it is
+            priced (:func:`privkit.accountants.rules.priced`).
         budget: the per-client epsilon budget; None: no budget (nothing is ever priced
             unless :meth:`prices` is asked).
     """
@@ -263,7 +265,7 @@ class States:
 
     def _curve_of(self, comp: Composition) -> np.ndarray | None:
         try:
-            return _rdp_total(comp, self.relation)
+            return _rdp_total(*rules.priced(comp, self.relation))
         except PrivkitError:
             return None
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from privkit import _validate
 from privkit._dpa import dp_event
-from privkit.accountants import fftpld, gaussian, pld
+from privkit.accountants import fftpld, gaussian, pld, rules
 from privkit.accountants._atoms import GaussianAtom
 from privkit.accountants._solve import (  # _solve_noise is also imported from here
     _MAX_DOUBLINGS,
@@ -124,7 +124,7 @@ def calibrate_noise(
 
     if m is Method.AUTO and auto_prefers_pld(flatten(make_event(guess)), d):
         try:
-            if _fft_atoms(flatten(make_event(guess))) is not None:
+            if _fft_atoms(_priced(make_event(guess), rel)[0]) is not None:
                 return _calibrate_fft(make_event, target, d, tol, guess, rel)
             return _calibrate_auto_pld(make_event, target, d, tol, guess, rel)
         except UnsupportedEventError:
@@ -147,26 +147,34 @@ def _calibrate_fft(
 
     def eps_of(x: float, above: float | None = None) -> float:
         """AUTO's PLD epsilon at x; with ``above``, possibly only a value in (above, eps]."""
-        atoms = _fft_atoms(flatten(make_event(x)))
+        comp, prel = _priced(make_event(x), rel)
+        atoms = _fft_atoms(comp)
         if atoms is None:
             raise UnsupportedEventError("privkit's PLD does not price this event")
         # exactly what AUTO computes
-        e, grids[x], _ = fftpld.epsilon_above(atoms, d, rel.name, above)
+        e, grids[x], _ = fftpld.epsilon_above(atoms, d, prel.name, above)
         return e
 
     x0 = guess * 1.02
     slope = -1.2
-    c0, c1 = _clt_epsilon(make_event(x0), d), _clt_epsilon(make_event(x0 * 1.01), d)
+    c0, c1 = (_clt_epsilon(make_event(x0), d, rel),
+              _clt_epsilon(make_event(x0 * 1.01), d, rel))
     if 0 < c1 < c0 < math.inf:  # the CLT's local slope: a better first secant step
         slope = (math.log(c1) - math.log(c0)) / math.log(1.01)
     x, e = _secant_bracket(eps_of, target, tol, x0, slope)
     return x, e, f"pld-fft (privkit, interval {grids[x]:.2g})"
 
 
-def _clt_epsilon(event: Any, d: float) -> float:
+def _priced(event: Any, rel: Any) -> tuple[Any, Any]:
+    """The event's composition re-expressed against ``rel``'s sensitivity, and the relation
+    it is priced as (:func:`privkit.accountants.rules.priced`)."""
+    return rules.priced(flatten(event), rel)
+
+
+def _clt_epsilon(event: Any, d: float, rel: Any) -> float:
     """The CLT (GDP) epsilon of a Gaussian-family composition: a slope hint only, never an
     answer (mu^2 = sum_j n_j q_j^2 (e^{1/z_j^2} - 1); it under-reports)."""
-    atoms = _fft_atoms(flatten(event))
+    atoms = _fft_atoms(_priced(event, rel)[0])
     if atoms is None:
         return math.nan
     mu2 = 0.0
@@ -190,11 +198,15 @@ def _calibrate_auto_pld(
     3. Verify with ``epsilon(..., AUTO)`` itself; step to more noise until it passes.
     """
     def at(vdi: float) -> Callable[[float], float]:
-        return lambda x: pld.epsilon(flatten(make_event(x)), d, vdi, rel)
+        def eps(x: float) -> float:
+            comp, prel = _priced(make_event(x), rel)
+            return float(pld.epsilon(comp, d, vdi, prel))
+        return eps
 
     coarse = at(pld.PROBE_INTERVAL)
     x1, e1 = _solve_noise(coarse, target, 1e-3, guess, step=1.05)
-    vdi = pld.choose_interval(flatten(make_event(x1)), d, rel)
+    comp1, prel1 = _priced(make_event(x1), rel)
+    vdi = pld.choose_interval(comp1, d, prel1)
     e1b = coarse(x1 * 1.01)  # local slope of log eps in log x, a hint for the fine stage
     slope = (math.log(e1b) - math.log(e1)) / math.log(1.01) if 0 < e1b < e1 else -1.0
     x2, _ = _secant_down(at(vdi), target, tol, x1, slope)
@@ -229,11 +241,10 @@ def calibrate_noise_multiplier(
     ceil(N / B) steps, rounded up, never fewer than the run takes), so calibrating by epochs
     gives the same z as calibrating by those steps.
 
-    The noise multiplier follows privkit's convention under every relation: z = stddev /
-    sensitivity, the L2 sensitivity under ``neighboring_relation`` (the relation priced, as in
-    :func:`privkit.epsilon`). For a sum of contributions clipped to C that is C under
-    ``ADD_OR_REMOVE_ONE`` and 2 C under ``REPLACE_ONE``; the relation changes the answer for
-    sampled steps only.
+    The noise multiplier means what it means in Opacus and dp-accounting's PLD under every
+    relation: z = stddev / C, C the bound on one contribution (the clip norm); the accountant
+    applies the relation's sensitivity (2 C under ``REPLACE_ONE``), so a replace-one answer
+    is larger (for unsampled steps exactly twice the add/remove one).
 
     Args:
         target_epsilon: finite and > 0.
@@ -267,8 +278,12 @@ def calibrate_noise_multiplier(
     tol = _tol(tol)
     rel = _relation(neighboring_relation)
     if q == 1.0 and Method.parse(method) in (Method.AUTO, Method.EXACT):
+        # exact: epsilon depends on sqrt(T) / (z / factor) only, factor the relation's
+        # sensitivity over the bound on one contribution (2 under replace-one)
+        factor = 1 / rules.relative_to_sensitivity(dp_event.GaussianDpEvent(1.0), rel
+                                                   ).noise_multiplier
         r = _exact_noise_multiplier(target, d, t, tol)
-        z, e, name = r.noise_multiplier, r.epsilon, r.method
+        z, e, name = r.noise_multiplier * factor, r.epsilon, r.method
     else:
         z, e, name = calibrate_noise(
             lambda x: gaussian_steps_event(x, t, q), target_epsilon=target, delta=d,
@@ -298,6 +313,25 @@ def _exact_noise_multiplier(target: float, d: float, t: int, tol: float) -> Cali
     return CalibrationResult(z, e, d, "exact", target)
 
 
+#: calibrate_steps: the answer is exact to one step up to this many steps, and to a relative
+#: _STEPS_TOL above (at 10^6 steps one more changes epsilon by ~5e-7 relative, below what a
+#: PLD resolves); runs longer than _MAX_STEPS are refused (naming target_epsilon).
+_EXACT_STEPS = 1_000_000
+_STEPS_TOL = 1e-6
+_MAX_STEPS = float(2**62)
+
+
+def _steps_guess(target: float, d: float, z: float, q: float) -> float:
+    """A starting point only (never an answer): the steps at which the CLT / GDP
+    approximation mu = q sqrt(T (e^{1/z^2} - 1)) (exact for q = 1: sqrt(T) / z) reaches the
+    target (Dong, Roth & Su 2022)."""
+    inv_mu, _ = _solve_noise(lambda v: float(gaussian.exact_epsilon(1 / v, d)), target, 1e-3)
+    mu = 1 / inv_mu
+    per_step = q * q * math.expm1(min(1 / (z * z), 700.0)) if q < 1 else 1 / (z * z)
+    t = mu * mu / per_step if per_step > 0 else math.inf
+    return max(1.0, t) if math.isfinite(t) else _MAX_STEPS * 2
+
+
 def calibrate_steps(
     *,
     noise_multiplier: float,
@@ -312,12 +346,18 @@ def calibrate_steps(
     """The largest number of steps whose epsilon (same accountant) is <= target.
 
     The sampling probability is ``sampling_probability`` or ``batch_size / dataset_size``
-    (neither: 1); ``noise_multiplier`` is stddev / sensitivity under ``neighboring_relation``
-    (as in :func:`calibrate_noise_multiplier`). The result also gives the epochs those steps
-    make (:mod:`privkit.accountants.schedule`).
+    (neither: 1); ``noise_multiplier`` is stddev / C, C the bound on one contribution, under
+    every relation (as in :func:`calibrate_noise_multiplier`). The result also gives the
+    epochs those steps make (:mod:`privkit.accountants.schedule`).
+
+    The answer is the largest step count whose epsilon (priced, not estimated) is <= target,
+    exact to one step up to 10^6 steps and to a relative 1e-6 beyond (where one step more moves
+    epsilon by less than any accountant resolves); it takes a few pricings whatever the noise
+    (a CLT guess, then regula falsi).
 
     Raises:
-        InvalidParameterError: a bad argument (named), or if even one step exceeds the target.
+        InvalidParameterError: a bad argument (named), if even one step exceeds the target,
+            or if the target is not reached within 2^62 steps (named ``target_epsilon``).
 
     Example:
         >>> r = calibrate_steps(noise_multiplier=1.0, target_epsilon=10.0, delta=1e-5)
@@ -327,36 +367,52 @@ def calibrate_steps(
     z = _validate.positive("noise_multiplier", noise_multiplier)
     target = _validate.positive("target_epsilon", target_epsilon)
     d = _validate.delta("delta", delta)
+    meth = Method.parse(method)
+
     def plan(t: int) -> Any:
         return schedule(steps=t, sampling_probability=sampling_probability,
                         batch_size=batch_size, dataset_size=dataset_size)
 
     q = plan(1).sampling_probability
     rel = _relation(neighboring_relation)
+    reports: dict[int, Any] = {}
 
     def rep(t: int) -> Any:
-        return epsilon(gaussian_steps_event(z, t, q), d, method, neighboring_relation=rel)
+        if t not in reports:
+            reports[t] = epsilon(gaussian_steps_event(z, t, q), d, meth,
+                                 neighboring_relation=rel)
+        return reports[t]
 
     first = rep(1)
     if first.epsilon > target:
         raise InvalidParameterError(
             "target_epsilon", target, f">= {first.epsilon:.6g}, the epsilon of a single step"
         )
-    lo, lo_rep = 1, first  # lo always meets the target
-    hi = 2
-    while True:
-        r = rep(hi)
-        if r.epsilon > target:
-            break
-        lo, lo_rep, hi = hi, r, hi * 2
-        if hi > 2**62:
-            raise NumericalError("steps unbounded: epsilon does not grow with steps")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        r = rep(mid)
-        if r.epsilon <= target:
-            lo, lo_rep = mid, r
-        else:
-            hi = mid
+    # z against the relation's sensitivity (replace-one: z / 2), for the starting guess
+    z_rel = rules.relative_to_sensitivity(dp_event.GaussianDpEvent(z), rel).noise_multiplier
+    guess = _steps_guess(target, d, float(z_rel), q)
+    if guess > _MAX_STEPS:
+        raise InvalidParameterError(
+            "target_epsilon", target, f"reached within {_MAX_STEPS:.3g} steps (at noise "
+            f"multiplier {z:g} and q = {q:g} a run of about {guess:.3g} steps stays below it: "
+            "a lower noise multiplier or a smaller target)")
+    # the largest T with eps(T) <= target: the smallest x = 1/T, to relative _STEPS_TOL
+    # (regula falsi on log x against log eps from the CLT's guess, a few evaluations)
+    x, _ = _solve_noise(lambda x: rep(max(1, math.floor(1 / x))).epsilon, target,
+                        _STEPS_TOL, 1 / guess)
+    lo = max(1, math.floor(1 / x))
+    lo_rep = rep(lo)
+    if lo_rep.epsilon > target:  # cannot happen: x was evaluated; guard anyway
+        raise NumericalError("calibrate_steps failed to verify its answer")
+    if lo <= _EXACT_STEPS:  # exact to one step: the first step over the target
+        hi = lo + 1
+        while rep(hi).epsilon <= target:
+            lo, lo_rep, hi = hi, rep(hi), hi + max(1, hi - lo) * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if rep(mid).epsilon <= target:
+                lo, lo_rep = mid, rep(mid)
+            else:
+                hi = mid
     return StepsResult(lo, lo_rep.epsilon, d, lo_rep.method, target, q, plan(lo).epochs,
                        rel.name)

@@ -121,6 +121,12 @@ def _(event: L2LaplaceDpEvent) -> Any:
     return PureAtom(float(event.epsilon)) if int(event.dimension) > 1 else None
 
 
+# Both state their guarantee ("epsilon-DP under the relation the sensitivity was computed
+# for", the relation they are priced with): nothing to re-express (rules module doc).
+rules.relative_to_sensitivity.register(L2LaplaceDpEvent, rules.guarantee_event)
+rules.relative_to_sensitivity.register(ObjectivePerturbationDpEvent, rules.guarantee_event)
+
+
 @rules.only_known_as_pure.register
 def _(event: L2LaplaceDpEvent) -> bool:
     return int(event.dimension) > 1  # d = 1 is the 1-D Laplace: its own PLD is tighter

@@ -472,6 +472,11 @@ def _(event: RecDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
                    _effective_relation(event, relation))
 
 
+# RecDpEvent's noise multiplier is already sigma / C, and its own neighboring_relation picks
+# its curve (_effective_relation): nothing to re-express.
+rules.relative_to_sensitivity.register(RecDpEvent, rules.guarantee_event)
+
+
 @rules.notes.register
 def _(event: RecDpEvent) -> tuple[str, ...]:
     return ("REC message: Theorem R RDP bound (derived, numerically checked; not the paper's "

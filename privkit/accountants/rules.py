@@ -29,15 +29,21 @@ Rules:
   None (checked before any method runs).
 * :func:`notes` - assumption strings every report containing the atom must carry.
 
-**The noise-multiplier convention.** For every method and relation, a Gaussian event's
-``noise_multiplier`` is ``stddev / Delta`` with ``Delta`` the L2 sensitivity under the relation
-it is priced with. Under ``ADD_OR_REMOVE_ONE`` a sum of contributions clipped to ``C`` has
-``Delta = C``; under ``REPLACE_ONE`` it has ``Delta = 2 C``. Exact, RDP, moments, privkit's
-PLD and dp-accounting's PLD (called with sensitivity 1/2 under ``REPLACE_ONE``, since it
-otherwise doubles the sensitivity itself) all follow it, so epsilon is continuous and monotone
-in the sampling rate up to q = 1. (dp-accounting's own RDP accountant follows it too; its PLD
-accountant, used directly, would double the sensitivity of such an event under
-``REPLACE_ONE``: 2x too loose, never too small.)
+**The noise-multiplier convention** (one meaning for an event, under every relation, as in
+Opacus, Flower, TensorFlow Privacy and dp-accounting's PLD accountant). A Gaussian event's
+``noise_multiplier`` is ``stddev / C``, ``C`` the bound on one contribution (the clip norm); a
+Laplace event's is ``scale / C`` (``C`` the L1 bound). The accountant applies the relation's
+sensitivity: ``C`` under ``ADD_OR_REMOVE_ONE`` and under zero-out (``REPLACE_SPECIAL``: one
+contribution replaced by a null one that contributes zero), ``2 C`` under ``REPLACE_ONE``.
+:func:`priced` does it once, before any method runs: it re-expresses every atom with its noise
+relative to the relation's sensitivity (:func:`relative_to_sensitivity`; ``GaussianDpEvent(z)``
+under ``REPLACE_ONE`` becomes ``GaussianDpEvent(z / 2)``), and the methods below price that.
+(dp-accounting's RDP accountant reads ``z`` against the relation's own sensitivity instead, so
+for the same event under ``REPLACE_ONE`` it prints the epsilon of twice the noise; privkit
+agrees with its PLD accountant.) Events that state a guarantee rather than a noise level
+(``PureDpEvent``, ``L2LaplaceDpEvent``, objective perturbation: "epsilon-DP") mean that
+guarantee under the relation they are priced with. An event type whose meaning privkit does
+not know is refused under ``REPLACE_ONE`` and zero-out rather than guessed.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from privkit._dpa import privacy_accountant as pa
 from privkit._lazy import LazyModule
 from privkit.accountants._atoms import GaussianAtom, PureAtom
 from privkit.errors import InvalidParameterError, UnsupportedEventError
-from privkit.events import PureDpEvent
+from privkit.events import PureDpEvent, ReplaceOneGaussianDpEvent, ReplaceOneLaplaceDpEvent
 
 pld_lib = LazyModule("dp_accounting.pld.privacy_loss_distribution")
 rdp_lib = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
@@ -74,6 +80,9 @@ __all__ = [
     "pld_of",
     "fft_atom",
     "relation_error",
+    "relative_to_sensitivity",
+    "priced",
+    "PRICED_RELATIONS",
     "notes",
     "randomized_response_rdp",
     "randomized_response_pld",
@@ -400,6 +409,136 @@ def _(event: dp_event.SampledWithoutReplacementDpEvent, relation: Any) -> str | 
                 "neighboring_relation=REPLACE_ONE (CLI: --relation replace-one) or sample "
                 "with PoissonSampledDpEvent")
     return None
+
+
+# -------------------------------------------------- relative_to_sensitivity
+#: The relations privkit prices, and the relation each is priced as once its events are
+#: re-expressed against its sensitivity: zero-out (``REPLACE_SPECIAL``: a contribution replaced
+#: by a null one that contributes nothing) has the add/remove pairs (Poisson-sampled or not).
+PRICED_RELATIONS = {
+    NeighboringRelation.ADD_OR_REMOVE_ONE: NeighboringRelation.ADD_OR_REMOVE_ONE,
+    NeighboringRelation.REPLACE_SPECIAL: NeighboringRelation.ADD_OR_REMOVE_ONE,
+    NeighboringRelation.REPLACE_ONE: NeighboringRelation.REPLACE_ONE,
+}
+
+
+def _unknown_meaning(event: Any, relation: Any) -> UnsupportedEventError:
+    return UnsupportedEventError(
+        f"{type(event).__name__} under {relation.name}: privkit does not know whether its "
+        "parameters are relative to the bound on one contribution (privkit's and "
+        "dp-accounting's PLD reading, the sensitivity doubled under REPLACE_ONE) or to the "
+        "relation's own sensitivity, so it cannot price it without guessing; price it under "
+        "ADD_OR_REMOVE_ONE, or describe the mechanism with privkit's or dp-accounting's "
+        "Gaussian, Laplace, sampled or pure events")
+
+
+@functools.singledispatch
+def relative_to_sensitivity(event: dp_event.DpEvent, relation: Any) -> dp_event.DpEvent:
+    """The atom with its noise relative to ``relation``'s sensitivity (module doc): what the
+    methods price. Unknown event types are the atom itself under add/remove and refused under
+    any other relation.
+
+    Raises:
+        UnsupportedEventError: an event type whose meaning under ``relation`` is not known.
+    """
+    if relation == NeighboringRelation.ADD_OR_REMOVE_ONE:
+        return event
+    raise _unknown_meaning(event, relation)
+
+
+def _factor(relation: Any) -> float:
+    """The relation's sensitivity over the bound on one contribution."""
+    return 2.0 if relation == NeighboringRelation.REPLACE_ONE else 1.0
+
+
+@relative_to_sensitivity.register
+def _(event: dp_event.GaussianDpEvent, relation: Any) -> dp_event.DpEvent:
+    f = _factor(relation)
+    return event if f == 1 else dp_event.GaussianDpEvent(float(event.noise_multiplier) / f)
+
+
+@relative_to_sensitivity.register
+def _(event: dp_event.LaplaceDpEvent, relation: Any) -> dp_event.DpEvent:
+    f = _factor(relation)
+    return event if f == 1 else dp_event.LaplaceDpEvent(float(event.noise_multiplier) / f)
+
+
+@relative_to_sensitivity.register
+def _(event: dp_event.PoissonSampledDpEvent, relation: Any) -> dp_event.DpEvent:
+    inner = relative_to_sensitivity(event.event, relation)
+    return event if inner is event.event else dp_event.PoissonSampledDpEvent(
+        event.sampling_probability, inner)
+
+
+@relative_to_sensitivity.register
+def _(event: dp_event.SampledWithoutReplacementDpEvent, relation: Any) -> dp_event.DpEvent:
+    inner = relative_to_sensitivity(event.event, relation)
+    return event if inner is event.event else dp_event.SampledWithoutReplacementDpEvent(
+        event.source_dataset_size, event.sample_size, inner)
+
+
+@relative_to_sensitivity.register
+def _(event: dp_event.SampledWithReplacementDpEvent, relation: Any) -> dp_event.DpEvent:
+    inner = relative_to_sensitivity(event.event, relation)
+    return event if inner is event.event else dp_event.SampledWithReplacementDpEvent(
+        event.source_dataset_size, event.sample_size, inner)
+
+
+def _replace_one_only(event: Any, relation: Any) -> str:
+    return (f"{type(event).__name__}'s sensitivity is known under REPLACE_ONE only (a "
+            "clipped output's two points are 2C apart, and no smaller add/remove or zero-out "
+            f"bound is known), so it is not priced under {relation.name}: pass "
+            "neighboring_relation=REPLACE_ONE (the mechanism's neighboring_relation)")
+
+
+@relative_to_sensitivity.register
+def _(event: ReplaceOneGaussianDpEvent, relation: Any) -> dp_event.DpEvent:
+    if relation != NeighboringRelation.REPLACE_ONE:
+        raise UnsupportedEventError(_replace_one_only(event, relation))
+    return dp_event.GaussianDpEvent(float(event.noise_multiplier) / 2)
+
+
+@relative_to_sensitivity.register
+def _(event: ReplaceOneLaplaceDpEvent, relation: Any) -> dp_event.DpEvent:
+    if relation != NeighboringRelation.REPLACE_ONE:
+        raise UnsupportedEventError(_replace_one_only(event, relation))
+    return dp_event.LaplaceDpEvent(float(event.noise_multiplier) / 2)
+
+
+def guarantee_event(event: dp_event.DpEvent, relation: Any) -> dp_event.DpEvent:
+    """:func:`relative_to_sensitivity` of an event that states its guarantee ("epsilon-DP
+    under the relation priced"): the event itself. Registered for such types."""
+    return event
+
+
+relative_to_sensitivity.register(PureDpEvent, guarantee_event)
+
+
+def priced(comp: Composition, relation: Any) -> tuple[Composition, Any]:
+    """``comp`` re-expressed against ``relation``'s sensitivity, and the relation it is then
+    priced as (:data:`PRICED_RELATIONS`). Apply it exactly once, where a composition of user
+    events meets a relation (module doc).
+
+    Raises:
+        UnsupportedEventError: an atom whose meaning under ``relation`` is not known, or a
+            relation privkit does not price.
+    """
+    rel = PRICED_RELATIONS.get(relation)
+    if rel is None:
+        raise UnsupportedEventError(f"privkit does not price the relation {relation!r}")
+    if relation == NeighboringRelation.ADD_OR_REMOVE_ONE:
+        return comp, rel
+    c: Counter[dp_event.DpEvent] = Counter()
+    for atom, n in comp.atoms:
+        c[relative_to_sensitivity(atom, relation)] += n
+    return _from_counter(c, comp.non_private), rel
+
+
+@relation_error.register(ReplaceOneGaussianDpEvent)
+@relation_error.register(ReplaceOneLaplaceDpEvent)
+def _(event: Any, relation: Any) -> str | None:
+    return None if relation == NeighboringRelation.REPLACE_ONE else \
+        _replace_one_only(event, relation)
 
 
 # -------------------------------------------------------------------- notes

@@ -27,8 +27,9 @@ from privkit.errors import NumericalError
 
 special = LazyModule("scipy.special")
 
-# Gaussian: the analytic-Gaussian sigma of eps = 1 at delta = 1e-5 (mechanisms.md 5).
-_GAUSS_CLIP = 0.5  # replace-one sensitivity of a clipped output: 2 C = 1
+# Gaussian: the analytic-Gaussian sigma of eps = 1 at delta = 1e-5 (mechanisms.md 5), in
+# units of the replace-one sensitivity 2 C = 1 of a clipped output.
+_GAUSS_CLIP = 0.5
 _GAUSS_Z = 3.7306
 
 # Laplace gradient noise: sensitivity 2 G / b = 1, epsilon 1.
@@ -50,7 +51,7 @@ def _audit_gaussian(trials: int, noise_scale: float, seed: int | None, alpha: fl
     from privkit.mechanisms.gaussian import GaussianOutputPerturbation
 
     mech = GaussianOutputPerturbation(
-        l2_clip_norm=_GAUSS_CLIP, noise_multiplier=_GAUSS_Z, _noise_scale=noise_scale
+        l2_clip_norm=_GAUSS_CLIP, stddev=_GAUSS_Z * 2 * _GAUSS_CLIP, _noise_scale=noise_scale
     )
     entropy, (g_centre, g_noise) = _spawn(seed, 2)
     x0 = np.array([-RAW_NORM])  # clips to -C e_1
@@ -72,7 +73,7 @@ def _audit_gaussian(trials: int, noise_scale: float, seed: int | None, alpha: fl
     t = 0.0
     fp = int(np.count_nonzero(y0 > t))
     fn = int(np.count_nonzero(y1 <= t))
-    mu_claim = 1.0 / mech.noise_multiplier
+    mu_claim = float(mech.sensitivity) / float(mech.stddev)  # type: ignore[arg-type]
     mu_lb = gdp_mu_lower_bound(fp, fn, trials, alpha)
     eps_claim = float(exact_epsilon(mu_claim, REPORT_DELTA))
     eps_lb = float(exact_epsilon(mu_lb, REPORT_DELTA)) if mu_lb > 0 else 0.0
@@ -89,7 +90,7 @@ def _audit_gaussian(trials: int, noise_scale: float, seed: int | None, alpha: fl
         "centre_D": c0,
         "centre_D_prime": c1,
         "sensitivity": float(mech.sensitivity),
-        "stddev_claimed": float(mech.stddev),
+        "stddev_claimed": float(mech.stddev),  # type: ignore[arg-type]
         "l2_clip_norm": mech.l2_clip_norm,
         "noise_multiplier": mech.noise_multiplier,
         "seed_entropy": entropy,

@@ -43,12 +43,16 @@ from privkit.events._core import (
 from privkit.events.mechanisms import (
     JACOBIAN_CONSTANT,
     MAX_CANDIDATES,
+    NOISE_MULTIPLIER_NOTE,
+    RELATION_LABELS,
     CodedDataMiEvent,
     L2LaplaceDpEvent,
     LabelMode,
     ObjectivePerturbationDpEvent,
     PoissonSampledPureDpEvent,
     RecDpEvent,
+    ReplaceOneGaussianDpEvent,
+    ReplaceOneLaplaceDpEvent,
     as_relation,
     objective_step_epsilon,
 )
@@ -80,4 +84,8 @@ __all__ = [
     "gaussian_steps_event",
     "pure_steps_event",
     "as_relation",
+    "RELATION_LABELS",
+    "NOISE_MULTIPLIER_NOTE",
+    "ReplaceOneGaussianDpEvent",
+    "ReplaceOneLaplaceDpEvent",
 ]

@@ -37,6 +37,10 @@ __all__ = [
     "CodedDataMiEvent",
     "PoissonSampledPureDpEvent",
     "as_relation",
+    "RELATION_LABELS",
+    "NOISE_MULTIPLIER_NOTE",
+    "ReplaceOneGaussianDpEvent",
+    "ReplaceOneLaplaceDpEvent",
 ]
 
 #: Largest number of REC candidates per group (2**24).
@@ -198,12 +202,23 @@ class ObjectivePerturbationDpEvent(DpEvent):
 # ------------------------------------------------------------------ REC
 #: Spellings of the relations a string may use (case and ``-``/``_`` do not matter).
 _RELATION_NAMES = {"ADD_OR_REMOVE_ONE": "ADD_OR_REMOVE_ONE", "ADD_REMOVE": "ADD_OR_REMOVE_ONE",
-                   "REPLACE_ONE": "REPLACE_ONE"}
+                   "REPLACE_ONE": "REPLACE_ONE", "REPLACE_SPECIAL": "REPLACE_SPECIAL",
+                   "ZERO_OUT": "REPLACE_SPECIAL"}
+
+#: The one line reports, JSON and the CLI print about what a noise multiplier means.
+NOISE_MULTIPLIER_NOTE = ("z = stddev / C (C the clip norm) under every relation; sensitivity "
+                         "C under add-remove and zero-out, 2C under replace-one")
+
+#: How reports name each relation (dp-accounting's name for zero-out is REPLACE_SPECIAL).
+RELATION_LABELS = {"ADD_OR_REMOVE_ONE": "add-remove", "REPLACE_ONE": "replace-one",
+                   "REPLACE_SPECIAL": "zero-out"}
 
 
 def as_relation(value: Any) -> Any:
     """A dp_accounting ``NeighboringRelation`` from itself or a name: ``"replace-one"`` (the
-    CLI's spelling), ``"REPLACE_ONE"``, ``"add-remove"``, ``"add_or_remove_one"``, ...
+    CLI's spelling), ``"REPLACE_ONE"``, ``"add-remove"``, ``"add_or_remove_one"``,
+    ``"zero-out"`` (dp-accounting's ``REPLACE_SPECIAL``: one contribution replaced by a null
+    one that contributes nothing), ...
 
     Raises:
         InvalidParameterError: anything else (naming ``neighboring_relation``).
@@ -215,16 +230,19 @@ def as_relation(value: Any) -> Any:
         if name is not None:
             return NeighboringRelation[name]
     raise InvalidParameterError(
-        "neighboring_relation", value, "a dp_accounting NeighboringRelation (ADD_OR_REMOVE_ONE "
-        "or REPLACE_ONE) or its name ('add-remove', 'replace-one')")
+        "neighboring_relation", value, "a dp_accounting NeighboringRelation (ADD_OR_REMOVE_ONE, "
+        "REPLACE_ONE or REPLACE_SPECIAL) or its name ('add-remove', 'replace-one', 'zero-out')")
 
 
 def _relation_name(value: Any) -> str:
     try:
-        return str(as_relation(value).name)
+        name = str(as_relation(value).name)
     except InvalidParameterError:
+        name = ""
+    if name not in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE"):
         raise InvalidParameterError("RecDpEvent.neighboring_relation", value,
-                                    "REPLACE_ONE or ADD_OR_REMOVE_ONE") from None
+                                    "REPLACE_ONE or ADD_OR_REMOVE_ONE")
+    return name
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -250,6 +268,38 @@ class RecDpEvent(dp_event.DpEvent):
         if not 2 <= k <= MAX_CANDIDATES:
             raise InvalidParameterError("RecDpEvent.num_candidates", k, "in [2, 2**24]")
         _validate.positive_int("RecDpEvent.num_groups", self.num_groups)
+
+
+# --------------------------------------------------- replace-one-only noise events
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ReplaceOneGaussianDpEvent(dp_event.GaussianDpEvent):
+    """A Gaussian release whose sensitivity is known under ``REPLACE_ONE`` only.
+
+    ``noise_multiplier`` is stddev / C with 2C the replace-one sensitivity (as in every
+    privkit event). A clipped model (output perturbation: any two points of the tau-ball are
+    2 tau apart) has no smaller add/remove or zero-out bound, so this event is priced under
+    ``REPLACE_ONE`` and refused under any other relation: a plain ``GaussianDpEvent(z)`` priced
+    under add/remove would be charged against C, half the truth. It is a ``GaussianDpEvent``
+    (dp-accounting's accountants price it as one; price it there under ``REPLACE_ONE`` too).
+
+    Example:
+        >>> import privkit
+        >>> ev = ReplaceOneGaussianDpEvent(4.0)
+        >>> round(privkit.epsilon(ev, 1e-5, neighboring_relation="replace-one").epsilon, 4)
+        1.9931
+    """
+
+    noise_multiplier: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ReplaceOneLaplaceDpEvent(dp_event.LaplaceDpEvent):
+    """A Laplace release whose sensitivity is known under ``REPLACE_ONE`` only (as
+    :class:`ReplaceOneGaussianDpEvent`): ``noise_multiplier`` is the scale over C, 2C the
+    replace-one L1 sensitivity; one use is pure ``2 / noise_multiplier``-DP under
+    ``REPLACE_ONE``, and it is refused under any other relation."""
+
+    noise_multiplier: float
 
 
 # ------------------------------------------------------------ coded data (SCFL)
@@ -385,5 +435,6 @@ class PoissonSampledPureDpEvent(DpEvent):
 
 
 for _cls in (L2LaplaceDpEvent, ObjectivePerturbationDpEvent, RecDpEvent, LabelMode,
-             CodedDataMiEvent, PoissonSampledPureDpEvent):
+             CodedDataMiEvent, PoissonSampledPureDpEvent, ReplaceOneGaussianDpEvent,
+             ReplaceOneLaplaceDpEvent):
     _cls.__module__ = "privkit.events"

@@ -103,21 +103,40 @@ class ServerSideDP(Strategy):
         self._round: _Round | None = None
         self._skipped: int | None = None  # a round the inner strategy sent nothing in
 
-    @staticmethod
-    def _make_ledger(ledger: Any, delta: Any, population_id: str) -> Ledger:
-        """The given ledger (checked), or a new in-memory one at ``delta``."""
+    #: The relation the wrapper's schedule satisfies, which its ledger prices under.
+    neighboring_relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE
+    #: Why the schedule satisfies it (the refusal of another ledger says so).
+    _relation_why = "client-level DP adds or removes a client"
+
+    def _make_ledger(self, ledger: Any, delta: Any, population_id: str) -> Ledger:
+        """The given ledger (checked), or a new in-memory one at ``delta``, under
+        :attr:`neighboring_relation`."""
+        rel = self.neighboring_relation
         if ledger is None:
             d = DEFAULT_DELTA if delta is None else _validate.delta("delta", delta)
-            ledger = Ledger.create(None, population_id=population_id, delta=d)
+            ledger = Ledger.create(None, population_id=population_id, delta=d,
+                                   neighboring_relation=rel)
         elif not isinstance(ledger, Ledger):
             raise InvalidParameterError("ledger", ledger, "a privkit Ledger")
         elif delta is not None and _validate.delta("delta", delta) != ledger.delta:
             raise InvalidParameterError("delta", delta, f"the ledger's delta {ledger.delta:g}")
-        if ledger.neighboring_relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
+        if ledger.neighboring_relation != rel:
             raise InvalidParameterError(
                 "ledger", ledger.neighboring_relation.name,
-                "a ledger for ADD_OR_REMOVE_ONE (client-level DP adds or removes a client)")
+                f"a ledger for {rel.name} ({self._relation_why})")
         return ledger
+
+    def epsilon_replace_one(self) -> float:
+        """The population's epsilon with the same charges priced under replace-one (one
+        client's data replaced by another's: the sensitivity doubled), at the ledger's
+        delta; the trainers report it beside their headline too."""
+        atoms = [privkit.SelfComposedDpEvent(a, n)
+                 for a, n in self.ledger.composition(POPULATION).atoms]
+        if not atoms:
+            return 0.0
+        return float(privkit.epsilon(privkit.ComposedDpEvent(atoms), self.ledger.delta,
+                                     self.ledger.method,
+                                     neighboring_relation=NeighboringRelation.REPLACE_ONE))
 
     # -- the budget ------------------------------------------------------------------------
     def epsilon(self) -> float:
@@ -208,11 +227,13 @@ class ServerSideDP(Strategy):
         key = getattr(self.strategy, "arrayrecord_key", keys.ARRAYS)
         rows: list[dict[str, np.ndarray]] = []
         seen: set[int] = set()
+        first_error: str | None = None
         for msg in replies:
             src = msg.metadata.src_node_id
             if msg.has_error():
                 log(DEBUG, "%s: node %d replied with an error: %s", name, src,
                     msg.error.reason)
+                first_error = first_error or str(msg.error.reason)
                 continue
             if src not in sent.sampled or src in seen:
                 log(DEBUG, "%s: ignoring a reply from node %d (not sent a train message, or "
@@ -243,8 +264,27 @@ class ServerSideDP(Strategy):
                 log(DEBUG, "%s: node %d's update is not finite; it counts as zero", name, src)
                 continue
             rows.append(row)
+        if replies and not rows:
+            self._warn_all_zero(sent.server_round, first_error)
         return {k: (np.stack([r[k] for r in rows]) if rows
                     else np.zeros((0,) + v.shape, np.float64)) for k, v in glob.items()}
+
+    def _warn_all_zero(self, server_round: int, first_error: str | None) -> None:
+        """A round whose every reply counted as zero released noise only: say it once per
+        reason at WARNING (a misconfiguration, such as ClientSideClippingMod on the clients
+        while the wrapper clips on the server, would otherwise spend the budget on noise
+        silently). It tells the server's log that some node was sampled that round, nothing
+        about which (the trusted server knows that anyway); later rounds go to DEBUG."""
+        why = (f"the first error: {first_error}" if first_error is not None else
+               "no reply had a usable update (other arrays, non-finite values, or no "
+               "client-side clipping confirmation)")
+        warned = self.__dict__.setdefault("_warned_all_zero", set())
+        level = DEBUG if why in warned else WARNING
+        warned.add(why)
+        log(level, "%s: round %d: every reply counted as zero, so the round released noise "
+            "only (and was charged); %s. If every round looks like this, check the ClientApp "
+            "(e.g. clipping='client' with ClientSideClippingMod, or the mod without the "
+            "wrapper's clipping='client')", type(self).__name__, server_round, why)
 
     @staticmethod
     @contextlib.contextmanager

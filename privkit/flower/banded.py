@@ -45,9 +45,13 @@ aggregator that clips, sums, adds the noise and keeps the **noise state secret**
 (:data:`~privkit.mechanisms.BANDMF_TRUST_ASSUMPTION`: the state is never put in the metrics,
 logs or report); the participation schema, which this wrapper enforces; a cohort selection
 that does not depend on the clients' data (stock strategies draw it at random; it need not
-be secret, and the epsilon holds against the server, which knows who took part); add or
-remove one client with all its rounds. The drop counts depend only on the cohort selection
-and the rule, not on any client's data. Evaluation passes through to the inner strategy and is
+be secret, and the epsilon holds against the server, which knows who took part). The
+relation is **zero-out** (dp-accounting's ``REPLACE_SPECIAL``): one node's data replaced by a
+null update, the node keeping its rounds. The inner strategy picks a fixed-size cohort of a
+fixed population, so an added node could push another out of a round and move its later
+rounds: add/remove does not hold for this schedule, zero-out does (the report gives
+replace-one beside it). The drop counts depend only on the cohort selection and the rule,
+not on any client's data. Evaluation passes through to the inner strategy and is
 not covered, and the clients' train metrics are not released, as for ``ClientLevelDP``.
 """
 
@@ -74,8 +78,9 @@ from privkit.accountants.bandmf import (
     bandmf_sensitivity,
     calibrate_bandmf,
 )
+from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError
-from privkit.events import NoOpDpEvent
+from privkit.events import NOISE_MULTIPLIER_NOTE, NoOpDpEvent
 from privkit.flower import records as keys
 from privkit.flower._server import ServerSideDP, _Round
 from privkit.ledger import Ledger
@@ -167,6 +172,13 @@ class BandedClientLevelDP(ServerSideDP):
 
     _population_note = ("the cohort_size divisor was derived for that many nodes and the "
                         "inner strategy chooses from all of them")
+    #: The inner strategy's cohort has a fixed size: an added node could push another out of
+    #: a round, so the schedule satisfies zero-out (a node's data replaced by a null update,
+    #: the node keeping its rounds), not add/remove.
+    neighboring_relation = NeighboringRelation.REPLACE_SPECIAL
+    _relation_why = ("the inner strategy picks a fixed-size cohort of a fixed population, so "
+                     "an added node could displace another: zero-out is the relation it "
+                     "satisfies")
 
     def __init__(self, strategy: Strategy, *, num_clients: int, bands: int, rounds: int,
                  l2_clip_norm: float, noise_multiplier: float | None = None,
@@ -215,7 +227,8 @@ class BandedClientLevelDP(ServerSideDP):
         if target is not None:
             self.calibration = calibrate_bandmf(
                 factorization, target_epsilon=target, delta=self.ledger.delta,
-                rounds=self.rounds, participation=self.participation)
+                rounds=self.rounds, participation=self.participation,
+                neighboring_relation=self.neighboring_relation)
             z = self.calibration.noise_multiplier
         assert z is not None
         self.mechanism = BandMF(factorization, clip, z)
@@ -226,8 +239,12 @@ class BandedClientLevelDP(ServerSideDP):
                                               participation=self.participation)
         self.round_events = bandmf_round_events(**priced)
         self.run_event = bandmf_event(**priced)
-        self.epsilon_full_run = float(privkit.epsilon(self.run_event,
-                                                      self.ledger.delta).epsilon)
+        self.epsilon_full_run = float(privkit.epsilon(
+            self.run_event, self.ledger.delta,
+            neighboring_relation=self.neighboring_relation).epsilon)
+        self.epsilon_full_run_replace_one = float(privkit.epsilon(
+            self.run_event, self.ledger.delta,
+            neighboring_relation=NeighboringRelation.REPLACE_ONE).epsilon)
         self.drops: list[RoundDrops] = []
         self.releases = 0  # releases charged so far (the next release's index)
         self._noise_state = self.mechanism.initial_state()  # secret: never published
@@ -383,7 +400,11 @@ class BandedClientLevelDP(ServerSideDP):
             "privacy_unit": "client", "epsilon": self.epsilon(),
             "delta": float(self.ledger.delta), "releases": self.releases,
             "rounds": self.rounds, "epsilon_full_run": self.epsilon_full_run,
-            "neighboring_relation": "add_or_remove_one client (with all its rounds)",
+            "neighboring_relation": "zero-out client (replace_special): one node's data "
+                                    "replaced by a null update in the same rounds",
+            "epsilon_replace_one": self.epsilon_replace_one(),
+            "epsilon_full_run_replace_one": self.epsilon_full_run_replace_one,
+            "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
             "noise_multiplier": self.noise_multiplier, "l2_clip_norm": self.clip_norm,
             "bands": self.bands,
             "factorization": {"kind": "banded Toeplitz",
@@ -410,12 +431,15 @@ class BandedClientLevelDP(ServerSideDP):
                 "note": "counts depend only on the cohort selection and the rule, not on "
                         "the clients' data"},
             "num_clients": self.num_clients, "trust": BANDMF_TRUST_ASSUMPTION,
-            "assumptions": [*bandmf_assumptions(p), COHORT_ASSUMPTION],
+            "assumptions": [*bandmf_assumptions(p, self.neighboring_relation),
+                            COHORT_ASSUMPTION],
             "randomness": {"source": "os_csprng" if self.seed is None else "seed",
                            "note": "noise from privkit's SecureRandom" if self.seed is None
                            else "seeded: a simulation; whoever knows the seed can "
                                 "regenerate the noise"},
-            "public": [f"N = {self.num_clients}", f"the divisor cohort_size = "
+            "public": [f"N = {self.num_clients}", "which nodes exist (zero-out protects "
+                       "what a node's data contributes, not whether it is in the "
+                       "population)", f"the divisor cohort_size = "
                        f"{self.cohort_size}", f"b = {self.bands}, T = {self.rounds}, "
                        f"k = {p.max_participations} and the coefficients",
                        "the number of rounds", "the drop counts"]}

@@ -45,7 +45,10 @@ client that took part in k rounds has the unamplified epsilon
 (:meth:`ClientLevelDP.epsilon_unamplified`). Nothing the wrapper logs at INFO or puts in the
 round metrics depends on who was sampled (an inner privkit strategy's ``privkit-clients``,
 which would count the one synthetic reply, is dropped); which nodes were sampled, and which
-replies counted as zero, are logged at DEBUG only, the trusted server's own records.
+replies counted as zero, are logged at DEBUG only, the trusted server's own records; the
+one exception is a WARNING (once per reason) when every reply of a round counted as zero,
+which says that some node was sampled that round and why nothing it sent was used (a
+misconfiguration that would otherwise spend the budget on noise silently).
 Flower's ``Strategy.start`` has no early exit, so after a budget stop the remaining rounds
 run without training.
 
@@ -92,7 +95,9 @@ from flwr.supercore import log
 
 import privkit
 from privkit import _validate
+from privkit._rng import SecureRandom
 from privkit.errors import InvalidParameterError
+from privkit.events import NOISE_MULTIPLIER_NOTE
 from privkit.flower import records as keys
 from privkit.flower._server import (
     CLIENT_CLIP_KEY,
@@ -109,6 +114,7 @@ from privkit.mechanisms.aggregate import (
     ClientLevelGaussian,
     unamplified_event,
 )
+from privkit.seeds import SeedTree
 
 __all__ = ["ClientLevelDP", "POPULATION", "DEFAULT_DELTA", "CLIENT_CLIP_KEY",
            "CLIENT_CLIPPED_KEY", "CLIENT_SIDE_ASSUMPTION"]
@@ -268,8 +274,11 @@ class ClientLevelDP(ServerSideDP):
             raise RuntimeError(
                 f"the inner strategy sent no train message to {len(missing)} of {len(nodes)} "
                 "nodes: it must address every node (fraction_train=1.0; ClientLevelDP samples)")
-        rng = self._rng(server_round, "poisson-clients")
-        u = np.asarray(rng.uniform(len(nodes)) if self.seed is None else rng.random(len(nodes)))
+        # each node's coin is its own: fresh OS entropy, or (seeded) keyed by the node id, so
+        # an added node never moves another's coin (the add/remove coupling)
+        u = np.asarray(SecureRandom().uniform(len(nodes)) if self.seed is None else
+                       SeedTree(self.seed).uniforms(server_round, "poisson-clients",
+                                                    nodes)[:, 0])
         sampled = [nid for nid, x in zip(nodes, u) if x < self.client_rate]
         # write-ahead: the ledger knows before any node does
         if not self._charge(server_round, event, "client-level DP-FedAvg sum"):
@@ -326,6 +335,8 @@ class ClientLevelDP(ServerSideDP):
             "privacy_unit": "client", "epsilon": self.epsilon(),
             "delta": float(self.ledger.delta), "charged_rounds": rounds,
             "neighboring_relation": "add_or_remove_one client",
+            "epsilon_replace_one": self.epsilon_replace_one(),
+            "noise_multiplier_note": NOISE_MULTIPLIER_NOTE,
             "epsilon_unamplified": {
                 "expected_participations": k, "epsilon_at_expected":
                 self.epsilon_unamplified(k), "every_round": rounds,

@@ -99,8 +99,10 @@ class _PrivacyMod:
     Args:
         settings: the mechanism (a :class:`PrivacySettings` of this mod's kind), or give its
             fields as keywords instead (``l2_clip_norm``, ``stddev``, ``sensitivity``, ...;
-            ``noise_multiplier`` for output perturbation with ``replace-one`` sensitivity,
-            stddev = z * 2 tau, and for DP-REC, stddev = z C). None and no keywords: the
+            ``noise_multiplier`` for DP-REC, stddev = z C; output perturbation takes
+            ``stddev``: before privkit-fl 0.2 its ``noise_multiplier`` meant stddev / (2 tau),
+            and a number given that way is refused rather than read as stddev / tau, which
+            would halve the noise). None and no keywords: the
             settings come from each train message (``privkit-privacy-*``, sent by privkit's
             strategies).
         noise_seed: reproducible noise (experiments only), see the module docstring.
@@ -145,14 +147,20 @@ class _PrivacyMod:
         if z is not None:
             if "stddev" in fields:
                 raise InvalidParameterError("noise_multiplier", z, "given without stddev")
-            if self.kind not in ("output", "rec") or fields.get(
-                    "sensitivity", "replace-one") != "replace-one":
-                raise InvalidParameterError("noise_multiplier", z, "used with output "
-                                            "perturbation (replace-one sensitivity) or DP-REC; "
-                                            "give stddev")
+            if self.kind == "output":
+                tau = fields.get("l2_clip_norm")
+                old = (f" (the noise a noise_multiplier of {z!r} drew before 0.2: stddev="
+                       f"{2 * z * tau!r})" if isinstance(tau, (int, float)) and isinstance(
+                           z, (int, float)) else "")
+                raise InvalidParameterError(
+                    "noise_multiplier", z, "replaced by stddev for output perturbation: since "
+                    "privkit-fl 0.2 a noise multiplier is stddev / C under every relation "
+                    "(it meant stddev / (2 tau) here), so give the noise itself" + old)
+            if self.kind != "rec":
+                raise InvalidParameterError("noise_multiplier", z, "used with DP-REC; give "
+                                            "stddev")
             tau = _validate.positive("l2_clip_norm", fields.get("l2_clip_norm", float("nan")))
-            fields["stddev"] = _validate.positive("noise_multiplier", z) * (
-                2.0 * tau if self.kind == "output" else tau)
+            fields["stddev"] = _validate.positive("noise_multiplier", z) * tau
         for name in self.required:
             if name not in fields:
                 raise MissingSettingError(name, f"{self.name} built from keywords needs "

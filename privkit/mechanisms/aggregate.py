@@ -7,10 +7,10 @@ the sum. Adding or removing one client moves the sum by at most ``C``, so one ro
 Gaussian mechanism with noise multiplier ``z`` under ``ADD_OR_REMOVE_ONE`` *clients*; with
 Poisson client sampling at rate ``q`` (each client independently, the outcome secret) it is
 ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, priced with amplification by
-:func:`privkit.epsilon`. Under ``REPLACE_ONE`` the sum moves by up to ``2 C``: privkit's
-convention (noise multiplier = stddev / sensitivity under the relation priced) makes the
-same noise ``GaussianDpEvent(z / 2)`` (:meth:`ClientLevelGaussian.event` with
-``neighboring_relation``).
+:func:`privkit.epsilon`. Under ``REPLACE_ONE`` the sum moves by up to ``2 C``: the event is
+the same (its noise multiplier is stddev / C under every relation, as in Opacus and
+dp-accounting's PLD) and the accountant doubles the sensitivity when it is priced under
+``REPLACE_ONE``.
 
 Assumption, printed in every report that uses it (:data:`TRUST_ASSUMPTION`): **a trusted
 aggregator** that sees the clipped updates, adds the noise itself and releases only the noisy
@@ -105,12 +105,6 @@ def _sampled(inner: DpEvent, q: float) -> DpEvent:
     return inner if q == 1 else PoissonSampledDpEvent(q, inner)
 
 
-def _replace_one_multiplier(z: float, relation: Any) -> float:
-    """The noise multiplier of the same noise against the relation's sensitivity (2C under
-    replace-one: z / 2)."""
-    return z if relation.name == "ADD_OR_REMOVE_ONE" else z / 2
-
-
 def unamplified_event(noise_multiplier: float, rounds: int, *,
                       neighboring_relation: Any = None) -> DpEvent:
     """The event of ``rounds`` client-level Gaussian releases that one client took part in,
@@ -124,8 +118,8 @@ def unamplified_event(noise_multiplier: float, rounds: int, *,
     """
     z = _validate.positive("noise_multiplier", noise_multiplier)
     k = _validate.positive_int("rounds", rounds)
-    rel = _relation(neighboring_relation)
-    return SelfComposedDpEvent(GaussianDpEvent(_replace_one_multiplier(z, rel)), k)
+    _relation(neighboring_relation)  # validated; the event is the same under every relation
+    return SelfComposedDpEvent(GaussianDpEvent(z), k)
 
 
 def floating_state(tree: Any) -> Any:
@@ -286,12 +280,13 @@ class ClientLevelGaussian:
         return _relation(None)
 
     def event(self, neighboring_relation: Any = None) -> DpEvent:
-        """One round: Poisson-subsampled Gaussian (plain Gaussian when q = 1), under
-        ``neighboring_relation`` (default add/remove one client; ``REPLACE_ONE`` prices the
-        same noise against sensitivity 2C, i.e. noise multiplier z / 2)."""
-        rel = _relation(neighboring_relation)
-        z = _replace_one_multiplier(float(self.noise_multiplier), rel)
-        return _sampled(GaussianDpEvent(z), float(self.sampling_probability))
+        """One round: Poisson-subsampled Gaussian (plain Gaussian when q = 1). The event is
+        the same under every relation (``neighboring_relation`` is only validated): price it
+        under the relation you claim, and the accountant applies that relation's
+        sensitivity (C under add/remove, 2C under ``REPLACE_ONE``)."""
+        _relation(neighboring_relation)
+        return _sampled(GaussianDpEvent(float(self.noise_multiplier)),
+                        float(self.sampling_probability))
 
     def clip(self, updates: Any) -> Any:
         """Each client's update (row along the client axis) clipped to ``l2_clip_norm``
@@ -456,8 +451,8 @@ class AdaptiveClipping:
     def round_event(self, mechanism: ClientLevelGaussian, neighboring_relation: Any = None
                     ) -> DpEvent:
         """The one event of a round: the sum of ``mechanism`` and this count, released on
-        the same sample (under ``neighboring_relation``, default add/remove one client;
-        replace-one doubles both sensitivities)."""
+        the same sample (the same event under every relation: ``neighboring_relation`` is
+        only validated; pricing it under replace-one doubles both sensitivities)."""
         if not isinstance(mechanism, ClientLevelGaussian):
             raise InvalidParameterError("mechanism", type(mechanism).__name__,
                                         "the round's ClientLevelGaussian")
@@ -466,9 +461,9 @@ class AdaptiveClipping:
             raise InvalidParameterError(
                 "sampling_probability", q, f"the mechanism's ({mechanism.sampling_probability}): "
                 "the count and the sum are computed on the same sample")
-        rel = _relation(neighboring_relation)
+        _relation(neighboring_relation)
         z = self.joint_noise_multiplier(float(mechanism.noise_multiplier))
-        return _sampled(GaussianDpEvent(_replace_one_multiplier(z, rel)), q)
+        return _sampled(GaussianDpEvent(z), q)
 
     def update(self, clip: float, norms: Any, *, expected_clients: float, rng: Any) -> float:
         """The next clip norm from this round's update norms (the count's noise drawn once)."""

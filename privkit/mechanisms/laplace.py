@@ -29,7 +29,7 @@ import numpy as np
 
 from privkit import _validate
 from privkit.errors import InvalidParameterError
-from privkit.events import L2LaplaceDpEvent, LaplaceDpEvent
+from privkit.events import L2LaplaceDpEvent, LaplaceDpEvent, ReplaceOneLaplaceDpEvent
 from privkit.mechanisms._tree import (
     _add_noise,
     _cast_like,
@@ -194,13 +194,17 @@ class LaplaceGradientNoise:
     def event(self, d: int) -> L2LaplaceDpEvent | LaplaceDpEvent:
         """Event of one upload in d coordinates.
 
-        ``L2``: ``L2LaplaceDpEvent(epsilon, d)``; ``L1``: dp-accounting's
-        ``LaplaceDpEvent(1/epsilon)`` (noise multiplier = scale / L1 sensitivity).
+        ``L2``: ``L2LaplaceDpEvent(epsilon, d)`` (epsilon-DP under replace-one, the relation
+        it is priced with); ``L1``: ``ReplaceOneLaplaceDpEvent(2/epsilon)``, a dp-accounting
+        ``LaplaceDpEvent`` whose noise multiplier is the scale over the L1 bound on one
+        contribution, half the replace-one L1 sensitivity: under ``REPLACE_ONE`` (the
+        accountant doubling the sensitivity) one upload costs exactly epsilon, and privkit
+        refuses to price it under another relation (it would read C as the sensitivity).
         """
         n = _validate.positive_int("d", d)
         if self.shape is NoiseShape.L2:
             return L2LaplaceDpEvent(self.epsilon, n)
-        return LaplaceDpEvent(1.0 / self.epsilon)
+        return ReplaceOneLaplaceDpEvent(2.0 / self.epsilon)
 
 
 def _mean_rows64(x: Any, b: int) -> Any:

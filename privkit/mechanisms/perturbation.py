@@ -10,7 +10,7 @@ for Theorem C.2).
 Example:
     >>> m = perturbation_mechanism("output", 500, l2_clip_norm=10.0, stddev=2.0)
     >>> round(m.noise_multiplier, 6), m.sensitivity
-    (0.1, 20.0)
+    (0.2, 20.0)
 """
 
 from __future__ import annotations

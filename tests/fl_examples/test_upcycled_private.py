@@ -37,6 +37,27 @@ def test_only_odd_iterations_charge_and_counts_match_participation(tmp_path, dig
         res["privacy"]["epsilon_max"])
 
 
+def test_an_output_perturbation_run_prices_its_noise_against_twice_the_clip(tmp_path, digits):
+    """The bug the relation change could bring: a replace-one mechanism's event (z = sigma /
+    tau) charged on an add/remove ledger would be priced against tau instead of 2 tau, half
+    the true epsilon. The run's ledger is replace-one, and its number is the exact Gaussian of
+    k releases of stddev sigma and sensitivity 2 tau."""
+    cfg = UpcycledConfig(privacy="output", stddev=5.0, iterations=5, **PRIV)
+    res = run_algorithm("fedavg", cfg, digits, iterations=5, out=tmp_path)
+    led = Ledger.open(tmp_path / "ledger-fedavg.jsonl")
+    assert led.neighboring_relation.name == "REPLACE_ONE"
+    k = max(res["privacy"]["charged_rounds"])
+    from privkit.accountants.gaussian import exact_epsilon
+
+    truth = float(exact_epsilon(math.sqrt(k) * (2 * cfg.l2_clip_norm) / 5.0, cfg.delta))
+    assert res["privacy"]["epsilon_max"] == pytest.approx(truth, rel=1e-6)
+    # the mechanism on an add/remove ledger is refused, not priced against tau
+    plan = PrivacyPlan(kind="output", sizes=(10,), stddev=5.0)
+    wrong = Ledger.create(None, population_id="p", delta=1e-5)
+    with pytest.raises(InvalidParameterError, match="REPLACE_ONE"):
+        plan.charge(wrong, [0], round_=1, run_id="t")
+
+
 def test_theorem_c1_and_c2_vectors_through_the_run_accountant():
     sizes = (224,)
     out = PrivacyPlan(kind="output", sizes=sizes, l2_clip_norm=10.0, stddev=0.8,
@@ -54,8 +75,9 @@ def test_theorem_c1_and_c2_vectors_through_the_run_accountant():
 def test_budget_stops_before_noise_and_resume_keeps_spend(tmp_path, digits, monkeypatch):
     cfg = UpcycledConfig(privacy="output", stddev=8.0, iterations=20, checkpoint_every=1,
                          **(PRIV | {"fraction": 1.0}))
-    one = privkit.epsilon(privkit.SelfComposedDpEvent(
-        PrivacyPlan(kind="output", sizes=(1,), stddev=8.0).mechanism(0).event(), 3), 1e-3)
+    mech = PrivacyPlan(kind="output", sizes=(1,), stddev=8.0).mechanism(0)
+    one = privkit.epsilon(privkit.SelfComposedDpEvent(mech.event(), 3), 1e-3,
+                          neighboring_relation=mech.neighboring_relation)  # replace-one
     # a budget that allows exactly 3 releases per client (every client is in every round)
     budget = one.epsilon * (1 + 1e-9)
     cfg = UpcycledConfig(**(cfg.__dict__ | {"epsilon_budget": budget}))
@@ -178,10 +200,12 @@ def test_strongly_convex_run_clips_features_and_uses_the_smallest_minibatch(tmp_
     assert p["lipschitz"] == pytest.approx(logreg_lipschitz(1.5))
     sizes = [int(n) for n in ds.train_sizes]
     assert p["smallest_batch_per_client"] == [smallest_batch(n, 32) for n in sizes]
-    # the event each client is charged uses its smallest minibatch: z = sigma / Delta
+    # the event each client is charged uses its smallest minibatch: z = sigma / C with
+    # C = Delta / 2, priced under replace-one (sensitivity 2C = Delta)
     plan = PrivacyPlan(kind="output", sizes=tuple(sizes), l2_clip_norm=cfg.l2_clip_norm,
                        stddev=0.2, sensitivity="strongly-convex", proximal_mu=1.0,
                        lipschitz_model=logreg_lipschitz(1.5), batch_size=32, momentum=0.0)
     for i, n in enumerate(sizes):
         delta = min(2 * cfg.l2_clip_norm, 2 * logreg_lipschitz(1.5) / (smallest_batch(n, 32)))
-        assert plan.mechanism(i).event().noise_multiplier == pytest.approx(0.2 / delta)
+        assert plan.mechanism(i).event().noise_multiplier == pytest.approx(0.2 / (delta / 2))
+        assert plan.mechanism(i).neighboring_relation.name == "REPLACE_ONE"

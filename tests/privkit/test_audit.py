@@ -54,13 +54,13 @@ def test_mechanism_with_less_noise_fails(name):
         assert r.details["gdp_mu_lower"] > r.details["gdp_mu_claimed"]
 
 
-def test_gaussian_claim_is_exact_epsilon_of_one_over_z():
+def test_gaussian_claim_is_exact_epsilon_of_the_replace_one_sensitivity_over_stddev():
     from privkit.accountants.gaussian import exact_epsilon
 
     r = A.audit("gaussian", trials=1000, seed=0)
-    z = r.details["noise_multiplier"]
-    assert r.details["gdp_mu_claimed"] == pytest.approx(1.0 / z, rel=1e-15)
-    assert r.claimed_epsilon == pytest.approx(exact_epsilon(1.0 / z, 1e-5), rel=1e-12)
+    z = r.details["noise_multiplier"]  # stddev / C; the replace-one sensitivity is 2C
+    assert r.details["gdp_mu_claimed"] == pytest.approx(2.0 / z, rel=1e-15)
+    assert r.claimed_epsilon == pytest.approx(exact_epsilon(2.0 / z, 1e-5), rel=1e-12)
     assert r.claimed_epsilon == pytest.approx(1.0, abs=1e-3)  # analytic sigma 3.7306 at eps 1
     # Clipping was exercised: raw +-1000 e_1 came back as +-C.
     assert r.details["centre_D"] == pytest.approx(-0.5, abs=1e-9)

@@ -56,7 +56,8 @@ def test_calibrate_by_epochs_is_calibrate_by_the_equivalent_steps(capsys):
     assert outs[1]["epochs"] == 2 and "epochs" not in outs[0]
     code, text, _ = run(common[:-1] + ["--epochs", "2", "--sampling-probability", "0.01"],
                         capsys)
-    assert code == 0 and text.rstrip().endswith("; 200 steps at q=0.01")
+    assert code == 0 and text.splitlines()[0].rstrip().endswith("; 200 steps at q=0.01")
+    assert text.splitlines()[1].strip().startswith("- z = stddev / C")
 
 
 def test_calibrate_with_the_relation_epsilon_uses(capsys):

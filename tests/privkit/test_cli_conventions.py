@@ -302,13 +302,15 @@ def test_epsilon_report_float_and_one_line_str():
 
 
 def test_a_replace_one_mechanism_report_names_replace_one():
-    mech = privkit.GaussianOutputPerturbation(l2_clip_norm=1.0, noise_multiplier=4.0)
+    mech = privkit.GaussianOutputPerturbation(l2_clip_norm=1.0, stddev=8.0)
     assert mech.neighboring_relation.name == "REPLACE_ONE"
     ev = privkit.SelfComposedDpEvent(mech.event(), 10)
     r = privkit.epsilon(ev, 1e-5, neighboring_relation=mech.neighboring_relation)
     assert "neighbouring relation: replace_one" in str(r)
     assert "add_or_remove_one" not in r.summary()
-    assert r.epsilon == privkit.epsilon(ev, 1e-5).epsilon  # unsampled: the same number
+    # stddev 8 against the replace-one sensitivity 2: the add/remove Gaussian of z = 4
+    g = privkit.SelfComposedDpEvent(privkit.GaussianDpEvent(4.0), 10)
+    assert r.epsilon == pytest.approx(privkit.epsilon(g, 1e-5).epsilon, rel=1e-12)
     assert privkit.epsilon(ev, 1e-5, neighboring_relation="REPLACE_ONE") == r
     paper = privkit.GaussianOutputPerturbation(
         l2_clip_norm=1.0, noise_multiplier=2.0, sensitivity_mode=privkit.Sensitivity.PAPER,

@@ -517,3 +517,17 @@ def test_a_keyed_journal_without_its_key_is_still_refused(tmp_path, no_key):
     with pytest.raises(LedgerError):
         Ledger.open(path, key=OTHER_KEY)
     assert path.read_bytes() == journals[3]
+
+
+def test_recover_without_the_key_of_a_keyed_ledger_is_refused(tmp_path, monkeypatch):
+    """Recovering a keyed ledger without its key would write a keyless head record over the
+    authenticated one: refused, nothing written."""
+    monkeypatch.delenv("PRIVKIT_LEDGER_KEY", raising=False)
+    monkeypatch.delenv("PRIVKIT_LEDGER_KEY_FILE", raising=False)
+    path = tmp_path / "l.jsonl"
+    led = Ledger.create(path, population_id="p", delta=1e-5, key="k" * 32)
+    led.spend(["a"], privkit.GaussianDpEvent(2.0), label="x")
+    before = (path.read_bytes(), (tmp_path / "l.jsonl.head").read_bytes())
+    with pytest.raises(LedgerHeadError, match="authenticated"):
+        Ledger.recover(path, reason="test")
+    assert (path.read_bytes(), (tmp_path / "l.jsonl.head").read_bytes()) == before

@@ -195,13 +195,15 @@ def _max_round(charges: list[Charge]) -> int:
 
 
 def _per_client_budget(events: list[Any], k: int, delta: float = 1e-3,
-                       method: str = "auto") -> float:
-    """The largest client's epsilon after k uses of its event (so every client affords k)."""
+                       method: str = "auto", relation: Any = "ADD_OR_REMOVE_ONE") -> float:
+    """The largest client's epsilon after k uses of its event (so every client affords k),
+    priced under ``relation`` (the one the run's ledger prices under)."""
     import privkit
     from privkit.events import SelfComposedDpEvent
 
     def eps(ev: Any, n: int) -> float:
-        return privkit.epsilon(SelfComposedDpEvent(ev, n), delta, method).epsilon
+        return privkit.epsilon(SelfComposedDpEvent(ev, n), delta, method,
+                               neighboring_relation=relation).epsilon
 
     eps_k = [eps(ev, k) for ev in events]
     budget = max(eps_k) * (1 + 1e-12)
@@ -231,7 +233,8 @@ def _upcycled_budget_case(privacy: str, algorithm: str) -> BudgetCase:
         else:
             p = PrivacyPlan(kind="objective", sizes=sizes, alpha=50.0, proximal_mu=0.1,
                             allow_unproven=True)
-        return _per_client_budget([p.mechanism(i).event() for i in range(len(sizes))], k)
+        return _per_client_budget([p.mechanism(i).event() for i in range(len(sizes))], k,
+                                  relation=p.neighboring_relation)
 
     def run_it(budget: float, out: Path) -> dict[str, Any]:
         from fl_examples.core.data import parse_dataset_spec

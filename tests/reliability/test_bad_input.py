@@ -70,8 +70,7 @@ def _train(*argv: str) -> Callable[[Path, Ledger], Any]:
 
 
 def _mech(**kw: Any) -> Any:
-    return privkit.GaussianOutputPerturbation(**({"l2_clip_norm": 1.0, "noise_multiplier": 1.0}
-                                                 | kw))
+    return privkit.GaussianOutputPerturbation(**({"l2_clip_norm": 1.0, "stddev": 2.0} | kw))
 
 
 def _rng() -> np.random.Generator:

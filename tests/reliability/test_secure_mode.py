@@ -56,7 +56,9 @@ def test_failing_entropy_source_raises_after_the_charge(name, tmp_path, monkeypa
     make, call = MECHANISMS[name]
     mech = make()
     rng = SecureRandom()
-    led = Ledger.create(tmp_path / "l.jsonl", population_id="p", delta=1e-5)
+    rel = getattr(mech, "neighboring_relation", "ADD_OR_REMOVE_ONE")
+    led = Ledger.create(tmp_path / "l.jsonl", population_id="p", delta=1e-5,
+                        neighboring_relation=rel)
     event = mech.event(64) if name == "laplace-gradient" else mech.event()
     led.spend(["c"], event, label="release")  # write-ahead, then draw
 

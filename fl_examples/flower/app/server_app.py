@@ -53,8 +53,10 @@ from fl_examples.flower import (
     load_federated,
 )
 from fl_examples.flower.client import make_model
+from fl_examples.flower.privacy import relation_of
 from fl_examples.flower.server import result_summary
 from privkit.errors import InvalidParameterError
+from privkit.events.mechanisms import NeighboringRelation
 from privkit.flower import ClientLevelDP, PrivacySettings
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import ClientLevelGaussian
@@ -68,12 +70,13 @@ def _population(rc: Any, kind: str) -> str:
     return f"{rc['dataset']}|clients={rc['num-clients']}|seed={rc['seed']}|{tail}"
 
 
-def _ledger(rc: Any, kind: str, budget: float | None) -> Ledger:
+def _ledger(rc: Any, kind: str, budget: float | None,
+            relation: Any = NeighboringRelation.ADD_OR_REMOVE_ONE) -> Ledger:
     population = _population(rc, kind)
     out = str(rc["out-dir"])
     if not out:
         return Ledger.create(None, population_id=population, delta=float(rc["delta"]),
-                             epsilon_budget=budget)
+                             epsilon_budget=budget, neighboring_relation=relation)
     path = Path(out) / ("ledger-client.jsonl" if kind == "client" else "ledger.jsonl")
     if path.exists():  # a ledger never resets: a rerun keeps charging the same clients
         ledger = Ledger.open(path)
@@ -83,7 +86,7 @@ def _ledger(rc: Any, kind: str, budget: float | None) -> Ledger:
         return ledger
     path.parent.mkdir(parents=True, exist_ok=True)
     return Ledger.create(path, population_id=population, delta=float(rc["delta"]),
-                         epsilon_budget=budget)
+                         epsilon_budget=budget, neighboring_relation=relation)
 
 
 def data_rounds(algorithm: str, num_rounds: int) -> int:
@@ -122,7 +125,8 @@ def strategy_from_config(context: Context, kind: str | None = None) -> Strategy:
             sensitivity=str(rc["sensitivity"]), clip=str(rc["clip"]), alpha=float(rc["alpha"]),
             allow_unproven=bool(rc["allow-unproven"]), glm=rc["model"] == "logreg",
             bits=int(rc["rec-bits"]), groups=str(rc["rec-groups"]))
-        private = {"privacy": settings, "ledger": _ledger(rc, kind, budget),
+        rel = relation_of(settings) or NeighboringRelation.ADD_OR_REMOVE_ONE
+        private = {"privacy": settings, "ledger": _ledger(rc, kind, budget, rel),
                    "train_action": kind}
     fraction = float(rc["fraction"])
     fraction_evaluate = 0.0 if _evaluation(rc) == "server" else float(rc["fraction-evaluate"])

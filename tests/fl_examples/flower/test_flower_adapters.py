@@ -89,7 +89,8 @@ def runs(tmp_path_factory):
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"  # offline: no usage reports
     ds = load_federated(SPEC, SEED, K)
     path = tmp_path_factory.mktemp("flower") / "ledger.jsonl"
-    ledger = Ledger.create(path, population_id="flower-test", delta=1e-3)
+    ledger = Ledger.create(path, population_id="flower-test", delta=1e-3,
+                           neighboring_relation="replace-one")  # output perturbation's 2 tau
     rec_ledger = Ledger.create(None, population_id="flower-rec", delta=1e-3)
     strategies = {
         "plain": UpcycledFedProx(K, proximal_mu=1.0, lam=0.42, fraction_train=0.67,

@@ -311,11 +311,20 @@ def test_amplification_helps():
 
 
 def test_replace_one_doubles_the_sensitivity():
+    """The event is the same under every relation; the accountant doubles the sensitivity
+    under replace-one (the epsilon of half the noise multiplier), zero-out prices C."""
+    import privkit
+
     s = BandedToeplitzStrategy.square_root(3)
     a = bandmf_event(s, noise_multiplier=2.0, rounds=30, participation=MinSeparation(3, 5))
     b = bandmf_event(s, noise_multiplier=2.0, rounds=30, participation=MinSeparation(3, 5),
                      neighboring_relation="REPLACE_ONE")
-    assert b.noise_multiplier == pytest.approx(a.noise_multiplier / 2, rel=1e-15)
+    assert a == b
+    ro = privkit.epsilon(b, 1e-5, neighboring_relation="REPLACE_ONE").epsilon
+    half = privkit.epsilon(type(a)(a.noise_multiplier / 2), 1e-5).epsilon
+    assert ro == pytest.approx(half, rel=1e-12)
+    zo = privkit.epsilon(b, 1e-5, neighboring_relation="zero-out").epsilon
+    assert zo == pytest.approx(privkit.epsilon(a, 1e-5).epsilon, rel=1e-12)
 
 
 # --------------------------------------------------------------------------- properties

@@ -140,16 +140,19 @@ def test_relation_is_priced_with_the_same_noise_convention(relation):
     assert epsilon(less, 1e-5, neighboring_relation=relation).epsilon > 2.0
 
 
-def test_replace_one_needs_more_noise_per_unit_sensitivity_only_when_sampled():
+def test_replace_one_needs_twice_the_noise_unsampled_and_more_than_add_remove_sampled():
+    """z = stddev / C under every relation: replace-one's sensitivity 2C needs exactly twice
+    z without sampling; with sampling, more than add/remove's z (not exactly twice)."""
     ar = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
                                     sampling_probability=0.05)
     ro = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
                                     sampling_probability=0.05, neighboring_relation="REPLACE_ONE")
-    assert ro.noise_multiplier != ar.noise_multiplier
+    assert ro.noise_multiplier > ar.noise_multiplier
     unsampled = [calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=100,
                                             neighboring_relation=rel).noise_multiplier
-                 for rel in ("ADD_OR_REMOVE_ONE", "REPLACE_ONE")]
-    assert unsampled[0] == unsampled[1]
+                 for rel in ("ADD_OR_REMOVE_ONE", "REPLACE_ONE", "zero-out")]
+    assert unsampled[1] == pytest.approx(2 * unsampled[0], rel=1e-12)
+    assert unsampled[2] == unsampled[0]
 
 
 def test_calibrate_steps_with_a_batch_size_and_a_relation():
@@ -164,3 +167,33 @@ def test_calibrate_steps_with_a_batch_size_and_a_relation():
     with pytest.raises(InvalidParameterError, match="batch_size"):
         calibrate_steps(noise_multiplier=1.1, target_epsilon=2.0, delta=1e-5, batch_size=50,
                         dataset_size=10)
+
+
+@pytest.mark.parametrize("z", [1000.0, 1e6])
+def test_calibrate_steps_answers_in_a_few_pricings_for_any_noise(monkeypatch, z):
+    """It used to double from one step (40+ pricings of runs of 10^10 steps: minutes); now a
+    CLT guess and regula falsi, and the answer is still verified and tight to 1e-6."""
+    from privkit.accountants import calibration
+
+    calls = []
+    real = calibration.epsilon
+
+    def counted(*a, **k):
+        calls.append(a[0].count)
+        return real(*a, **k)
+
+    monkeypatch.setattr(calibration, "epsilon", counted)
+    s = calibrate_steps(noise_multiplier=z, target_epsilon=8.0, delta=1e-5,
+                        sampling_probability=0.01)
+    assert len(calls) <= 30, len(calls)
+    monkeypatch.undo()
+    assert s.epsilon <= 8.0
+    assert epsilon(gaussian_steps_event(z, s.steps, 0.01), 1e-5).epsilon <= 8.0
+    over = int(s.steps * (1 + 3e-6)) + 1
+    assert epsilon(gaussian_steps_event(z, over, 0.01), 1e-5).epsilon > 8.0
+
+
+def test_calibrate_steps_refuses_a_target_no_run_reaches():
+    with pytest.raises(InvalidParameterError, match="target_epsilon"):
+        calibrate_steps(noise_multiplier=1e12, target_epsilon=8.0, delta=1e-5,
+                        sampling_probability=1e-6)

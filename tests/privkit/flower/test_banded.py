@@ -267,7 +267,11 @@ def test_max_epsilon_stops_before_the_release_that_would_exceed_it(seeded_random
 def test_a_ledger_budget_stops_too(seeded_random):
     kw = dict(num_clients=4, bands=2, rounds=10, l2_clip_norm=1.0, noise_multiplier=1.0)
     e1 = prefix_epsilon(BandedClientLevelDP(FedAvg(), **kw), 1)
-    ledger = Ledger.create(None, population_id="t", delta=1e-5, epsilon_budget=e1 * 1.01)
+    with pytest.raises(InvalidParameterError, match="REPLACE_SPECIAL"):  # fixed cohorts
+        BandedClientLevelDP(FedAvg(), ledger=Ledger.create(None, population_id="t",
+                                                           delta=1e-5), **kw)
+    ledger = Ledger.create(None, population_id="t", delta=1e-5, epsilon_budget=e1 * 1.01,
+                           neighboring_relation="zero-out")
     dp = BandedClientLevelDP(FedAvg(fraction_evaluate=0.0, fraction_train=0.5),
                              ledger=ledger, **kw)
     result, _ = start(dp, LocalGrid(4, replying(zeros)), 2)
@@ -376,12 +380,15 @@ def test_the_report_states_the_schema_and_never_holds_the_noise_state(seeded_ran
     assert not secret & set(published)
     assert not [k for k in _keys(rep) if "state" in k or "history" in k]
     assert rep["trust"] == BANDMF_TRUST_ASSUMPTION
-    assert rep["assumptions"][:-1] == list(bandmf_assumptions(MinSeparation(3, 4)))
+    assert rep["assumptions"][:-1] == list(bandmf_assumptions(MinSeparation(3, 4),
+                                                             "zero-out"))
+    assert rep["neighboring_relation"].startswith("zero-out")
+    assert rep["epsilon_replace_one"] > rep["epsilon"] > 0
     assert rep["participation"] | {"enforced_by": None} == {
         "schema": "MinSeparation", "min_separation": 3, "max_participations": 4,
         "enforced_by": None}
     assert rep["randomness"]["source"] == "os_csprng"
-    assert rep["neighboring_relation"].startswith("add_or_remove_one")
+    assert rep["neighboring_relation"].startswith("zero-out")
     assert rep["cohort"]["divisor"] == 2 and rep["releases"] == 5
     assert rep["epsilon"] == pytest.approx(prefix_epsilon(dp, 5), rel=1e-9)
     assert set(rep["dropped"]) >= {"separation", "participation_cap", "per_round"}

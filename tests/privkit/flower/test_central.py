@@ -407,3 +407,60 @@ def test_report_states_trust_randomness_and_the_unamplified_epsilon():
     assert u["expected_participations"] == 1
     assert u["epsilon_at_expected"] == pytest.approx(
         privkit.epsilon(privkit.GaussianDpEvent(1.0), 1e-5).epsilon)
+
+
+def test_a_mod_the_wrapper_does_not_expect_is_a_warning_not_silent_noise(caplog):
+    """ClientSideClippingMod on the clients while the wrapper clips on the server: every reply
+    is an error, counted as zero; the run releases noise only. That is a WARNING (once per
+    reason), naming the error, never silent."""
+    import logging
+
+    from flwr.app import Context
+
+    from privkit.flower import ClientSideClippingMod
+
+    mod = ClientSideClippingMod()
+
+    def client(i, msg):
+        ctx = Context(run_id=1, node_id=i, node_config={}, state=RecordDict(), run_config={})
+        return mod(msg, ctx, lambda m, c: replying(zeros)(i, m))
+
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=3, client_rate=1.0,
+                       l2_clip_norm=1.0, noise_multiplier=1.0, seed=0)
+    with caplog.at_level(logging.DEBUG, logger="flwr"):
+        start(dp, LocalGrid(3, client), 3, w0=np.zeros(10, np.float32))
+    warns = [r.getMessage() for r in caplog.records
+             if r.levelno == logging.WARNING and "ClientLevelDP" in r.getMessage()]
+    assert len(warns) == 1, warns  # once per reason, later rounds at DEBUG
+    assert "every reply counted as zero" in warns[0] and "l2_clip_norm" in warns[0]
+    assert dp.charged_rounds() == 3
+
+
+def test_a_round_with_usable_replies_warns_nothing(caplog):
+    import logging
+
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=3, client_rate=1.0,
+                       l2_clip_norm=1.0, noise_multiplier=1.0, seed=0)
+    with caplog.at_level(logging.DEBUG, logger="flwr"):
+        start(dp, LocalGrid(3, replying(zeros)), 2, w0=np.zeros(10, np.float32))
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and "ClientLevelDP" in r.getMessage()]
+
+
+def test_the_report_gives_replace_one_beside_add_remove_and_coins_are_keyed_by_node():
+    q, z = 0.5, 1.0
+    dp = ClientLevelDP(FedAvg(fraction_evaluate=0.0), num_clients=4, client_rate=q,
+                       l2_clip_norm=1.0, noise_multiplier=z, seed=7)
+    start(dp, LocalGrid(4, replying(zeros)), 3, w0=np.zeros(10, np.float32))
+    rep = dp.report()
+    ro = privkit.epsilon(composed(q, z, 3), dp.ledger.delta,
+                         neighboring_relation="REPLACE_ONE").epsilon
+    assert rep["epsilon_replace_one"] == pytest.approx(ro, rel=1e-9)
+    assert rep["epsilon_replace_one"] > rep["epsilon"]
+    assert "stddev / C" in rep["noise_multiplier_note"]
+    # seeded coins: a node's coin depends on its id alone, never on who else is connected
+    from privkit.seeds import SeedTree
+
+    few = SeedTree(7).uniforms(2, "poisson-clients", [11, 40])[:, 0]
+    many = SeedTree(7).uniforms(2, "poisson-clients", [3, 11, 25, 40])[:, 0]
+    assert list(few) == [many[1], many[3]]

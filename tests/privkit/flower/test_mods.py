@@ -73,14 +73,20 @@ def stock():
 
 
 def test_output_mod_with_stock_fedavg_adds_its_noise():
-    result, replies = run(stock(), OutputPerturbationMod(l2_clip_norm=1.0, noise_multiplier=0.5))
+    result, replies = run(stock(), OutputPerturbationMod(l2_clip_norm=1.0, stddev=1.0))
     assert replies and not any(r.has_error() for r in replies)
     for r in replies:
         out = r.content["arrays"]["w"].numpy()
-        # noise multiplier 0.5 of the replace-one sensitivity 2 tau = 2: stddev 1
         assert np.std(out) == pytest.approx(1.0, rel=0.05)
-        assert r.content["metrics"][keys.NOISE_MULTIPLIER] == 0.5
+        # stddev / tau (the accountant doubles the sensitivity under replace-one)
+        assert r.content["metrics"][keys.NOISE_MULTIPLIER] == 1.0
     assert np.std(result.arrays["w"].numpy()) == pytest.approx(1 / np.sqrt(2), rel=0.05)
+
+
+def test_output_mod_refuses_a_noise_multiplier_whose_reading_changed():
+    """privkit-fl 0.1 read it as stddev / (2 tau): the same number would halve the noise."""
+    with pytest.raises(InvalidParameterError, match="stddev=1.0"):
+        OutputPerturbationMod(l2_clip_norm=1.0, noise_multiplier=0.5)
 
 
 def test_mods_built_from_settings_or_keywords_agree():

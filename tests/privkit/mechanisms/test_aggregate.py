@@ -191,8 +191,15 @@ def test_a_list_of_per_client_trees_is_refused_and_stack_builds_the_tree():
 
 def test_replace_one_prices_the_same_noise_against_twice_the_sensitivity():
     agg = ClientLevelGaussian(l2_clip_norm=1.0, noise_multiplier=2.0, sampling_probability=0.1)
-    assert agg.event(NeighboringRelation.REPLACE_ONE) == PoissonSampledDpEvent(
-        0.1, GaussianDpEvent(1.0))
+    ev = agg.event(NeighboringRelation.REPLACE_ONE)
+    assert ev == agg.event() == PoissonSampledDpEvent(0.1, GaussianDpEvent(2.0))
+    ro = privkit.epsilon(ev, 1e-5, neighboring_relation=NeighboringRelation.REPLACE_ONE).epsilon
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    ref = PLDAccountant(NeighboringRelation.REPLACE_ONE)  # stddev 2C against sensitivity 2C
+    ref.compose(ev)
+    assert ro == pytest.approx(ref.get_epsilon(1e-5), rel=2e-3)
+    assert ro > privkit.epsilon(ev, 1e-5).epsilon
     e = privkit.epsilon(unamplified_event(1.0, 5), 1e-5).epsilon
     assert e == pytest.approx(11.48, abs=0.01)  # q 0.05, z 1, T 100: a client in 5 rounds
 
@@ -234,9 +241,11 @@ def test_adaptive_clipping_is_one_release_with_the_sum_and_priced_jointly():
         SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(2.0)), rounds)]),
         1e-5).epsilon
     assert separate < theirs * 0.9
-    # replace-one doubles both sensitivities
-    assert ac.round_event(mech, NeighboringRelation.REPLACE_ONE) == PoissonSampledDpEvent(
-        q, GaussianDpEvent(pytest.approx(z_eff / 2, rel=1e-12)))
+    # the same event under replace-one; pricing it there doubles both sensitivities
+    ro = ac.round_event(mech, NeighboringRelation.REPLACE_ONE)
+    assert ro == ac.round_event(mech)
+    assert privkit.epsilon(ro, 1e-5, neighboring_relation=NeighboringRelation.REPLACE_ONE
+                           ).epsilon > privkit.epsilon(ro, 1e-5).epsilon
     with pytest.raises(InvalidParameterError, match="sampling_probability"):
         ac.round_event(ClientLevelGaussian(1.0, z, 0.5))
 

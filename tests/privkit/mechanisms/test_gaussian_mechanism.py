@@ -24,7 +24,7 @@ SC = Sensitivity.STRONGLY_CONVEX
 
 
 def strongly_convex(**kw):
-    base = dict(l2_clip_norm=10.0, noise_multiplier=1.0, sensitivity_mode=SC,
+    base = dict(l2_clip_norm=10.0, stddev=1.0, sensitivity_mode=SC,
                 dataset_size=224, lipschitz=1.0, strong_convexity=0.1)
     base.update(kw)
     return GaussianOutputPerturbation(**base)
@@ -32,12 +32,15 @@ def strongly_convex(**kw):
 
 # ------------------------------------------------------------ sensitivity
 def test_default_is_clip_replace_one():
-    m = GaussianOutputPerturbation(l2_clip_norm=1.5, noise_multiplier=2.0)
+    m = GaussianOutputPerturbation(l2_clip_norm=1.5, stddev=6.0)
     assert m.sensitivity_mode is Sensitivity.CLIP_REPLACE_ONE
-    assert m.sensitivity == 3.0
+    assert m.sensitivity == 3.0 and m.contribution_bound == 1.5
     assert m.stddev == 6.0
-    assert m.event() == GaussianDpEvent(2.0)
-    assert type(m.event()) is dp_event.GaussianDpEvent
+    # stddev / C; priced under replace-one only (2C), and still dp-accounting's Gaussian
+    assert m.event() == privkit.events.ReplaceOneGaussianDpEvent(4.0)
+    assert isinstance(m.event(), dp_event.GaussianDpEvent)
+    with pytest.raises(privkit.errors.UnsupportedEventError, match="REPLACE_ONE"):
+        privkit.epsilon(m.event(), 1e-5)  # under add/remove tau would be the sensitivity
 
 
 def test_paper_mode_vector():
@@ -59,8 +62,11 @@ def test_strongly_convex_vector():
     assert m.sensitivity == pytest.approx(2 / 22.4, rel=1e-14)
     assert round(m.sensitivity, 5) == 0.08929
     run = SelfComposedDpEvent(m.event(), 40)
-    assert privkit.epsilon(run, 1e-3, "exact").epsilon == pytest.approx(2.0490, abs=5e-5)
-    assert privkit.epsilon(run, 1e-3, "moments").epsilon == pytest.approx(2.8728, abs=5e-5)
+    rel = m.neighboring_relation
+    assert privkit.epsilon(run, 1e-3, "exact", neighboring_relation=rel).epsilon == \
+        pytest.approx(2.0490, abs=5e-5)
+    assert privkit.epsilon(run, 1e-3, "moments", neighboring_relation=rel).epsilon == \
+        pytest.approx(2.8728, abs=5e-5)
 
 
 @pytest.mark.parametrize("kw,expected", [
@@ -75,12 +81,12 @@ def test_strongly_convex_vector():
 def test_strongly_convex_solver_bounds(kw, expected):
     m = strongly_convex(**kw)
     assert m.sensitivity == pytest.approx(expected, rel=1e-14)
-    assert m.stddev == m.noise_multiplier * m.sensitivity
+    assert m.stddev == pytest.approx(m.noise_multiplier * m.sensitivity / 2, rel=1e-15)
 
 
 def test_from_stddev_round_trips():
     m = GaussianOutputPerturbation.from_stddev(2.0, 3.0)
-    assert m.noise_multiplier == 0.75 and m.stddev == 3.0
+    assert m.noise_multiplier == 1.5 and m.stddev == 3.0
     with pytest.raises(InvalidParameterError, match="stddev"):
         GaussianOutputPerturbation.from_stddev(2.0, -1.0)
     with pytest.raises(InvalidParameterError, match="stddev"):
@@ -89,11 +95,14 @@ def test_from_stddev_round_trips():
 
 # ------------------------------------------------------------ validation
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf, -math.inf, "1", None, True])
-@pytest.mark.parametrize("field", ["l2_clip_norm", "noise_multiplier"])
+@pytest.mark.parametrize("field", ["l2_clip_norm", "stddev", "noise_multiplier"])
 def test_bad_scalars_named(field, bad):
-    kw = dict(l2_clip_norm=1.0, noise_multiplier=1.0)
+    kw = dict(l2_clip_norm=1.0, stddev=1.0) if field != "noise_multiplier" else dict(
+        l2_clip_norm=1.0, noise_multiplier=1.0, sensitivity_mode=Sensitivity.PAPER,
+        dataset_size=3)
     kw[field] = bad
-    with pytest.raises(InvalidParameterError, match=field):
+    with pytest.raises(InvalidParameterError,
+                       match="stddev" if bad is None and field != "l2_clip_norm" else field):
         GaussianOutputPerturbation(**kw)
 
 
@@ -146,7 +155,7 @@ def test_bad_solver_values_named():
 
 
 def test_frozen():
-    m = GaussianOutputPerturbation(1.0, 1.0)
+    m = GaussianOutputPerturbation(1.0, stddev=2.0)
     with pytest.raises(AttributeError):
         m.noise_multiplier = 0.1
 
@@ -154,7 +163,7 @@ def test_frozen():
 # ------------------------------------------------------------ __call__
 def test_clips_whole_tree_then_adds_noise():
     tree = {"w": np.full((3, 4), 10.0), "b": [np.full(2, -10.0)]}
-    silent = GaussianOutputPerturbation(1.0, 1.0, _noise_scale=0.0)
+    silent = GaussianOutputPerturbation(1.0, stddev=2.0, _noise_scale=0.0)
     out = silent(tree, rng=np.random.default_rng(0))
     flat = np.concatenate([out["w"].ravel(), out["b"][0]])
     assert np.linalg.norm(flat) == pytest.approx(1.0, rel=1e-12)
@@ -166,7 +175,7 @@ def test_clips_whole_tree_then_adds_noise():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numpy_structure_and_dtype_preserved(dtype):
-    m = GaussianOutputPerturbation(1.0, 1.0)
+    m = GaussianOutputPerturbation(1.0, stddev=2.0)
     tree = {"a": np.ones((2, 3), dtype), "b": (np.ones(4, dtype), [np.ones((1,), dtype)])}
     out = m(tree, rng=np.random.default_rng(1))
     assert set(out) == {"a", "b"} and isinstance(out["b"], tuple) and isinstance(out["b"][1], list)
@@ -179,7 +188,7 @@ def test_numpy_structure_and_dtype_preserved(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("rng_kind", ["numpy", "torch"])
 def test_torch_structure_dtype_device_preserved(dtype, rng_kind):
-    m = GaussianOutputPerturbation(1.0, 0.5)
+    m = GaussianOutputPerturbation(1.0, stddev=1.0)
     tree = [torch.ones(2, 3, dtype=dtype), {"b": torch.zeros(5, dtype=dtype)}]
     rng = np.random.default_rng(2) if rng_kind == "numpy" else torch.Generator().manual_seed(2)
     out = m(tree, rng=rng)
@@ -197,7 +206,8 @@ def test_trainable_parameters_only_and_no_autograd_history():
     assert list(params) == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight"]
     assert all(p is dict(net.named_parameters())[k] for k, p in params.items())
     assert not any("running" in k for k in params)  # buffers never included
-    out = GaussianOutputPerturbation(1.0, 1.0)(params, rng=torch.Generator().manual_seed(0))
+    out = GaussianOutputPerturbation(1.0, stddev=2.0)(params,
+                                                      rng=torch.Generator().manual_seed(0))
     assert list(out) == list(params)
     assert all(not v.requires_grad and v.grad_fn is None for v in out.values())
 
@@ -212,7 +222,7 @@ def test_trainable_parameters_refuses():
 
 def test_realised_noise_has_the_right_scale():
     # 40 000 coordinates: the sample variance has relative sd sqrt(2/n) = 0.7%; 4% is > 5 sd.
-    m = GaussianOutputPerturbation(l2_clip_norm=3.0, noise_multiplier=0.7)
+    m = GaussianOutputPerturbation(l2_clip_norm=3.0, stddev=4.2)
     x = np.random.default_rng(5).standard_normal(40_000)  # norm ~ 200 > tau: clipped
     clipped = x * (3.0 / np.linalg.norm(x))
     for rng in (np.random.default_rng(6), torch.Generator().manual_seed(6)):
@@ -225,8 +235,8 @@ def test_realised_noise_has_the_right_scale():
 
 def test_noise_scale_multiplies_noise_not_privacy():
     x = np.zeros(40_000)
-    half = GaussianOutputPerturbation(1.0, 1.0, _noise_scale=0.5)
-    assert half.event() == GaussianDpEvent(1.0) and half.stddev == 2.0
+    half = GaussianOutputPerturbation(1.0, stddev=2.0, _noise_scale=0.5)
+    assert half.event() == privkit.events.ReplaceOneGaussianDpEvent(2.0) and half.stddev == 2.0
     assert "_noise_scale" not in repr(half)
     out = half(x, rng=np.random.default_rng(3))
     assert out.var() / (0.5 * 2.0) ** 2 == pytest.approx(1.0, rel=0.04)
@@ -234,7 +244,7 @@ def test_noise_scale_multiplies_noise_not_privacy():
 
 def test_numpy_and_torch_paths_same_distribution():
     # Two-sample KS at fixed seeds; false-failure rate 1e-3 per seed pair.
-    m = GaussianOutputPerturbation(1.0, 1.3)
+    m = GaussianOutputPerturbation(1.0, stddev=2.6)
     a = m(np.zeros(5000), rng=np.random.default_rng(11))
     b = m(torch.zeros(5000, dtype=torch.float64), rng=torch.Generator().manual_seed(11))
     c = m(torch.zeros(5000, dtype=torch.float32), rng=np.random.default_rng(12))
@@ -244,7 +254,7 @@ def test_numpy_and_torch_paths_same_distribution():
 
 
 def test_same_seed_same_output():
-    m = GaussianOutputPerturbation(1.0, 1.0)
+    m = GaussianOutputPerturbation(1.0, stddev=2.0)
     x = np.ones(10)
     assert np.array_equal(m(x, rng=np.random.default_rng(7)), m(x, rng=np.random.default_rng(7)))
 
@@ -254,11 +264,11 @@ def test_same_seed_same_output():
 ])
 def test_empty_tree_refused(tree):
     with pytest.raises(InvalidParameterError, match="tree"):
-        GaussianOutputPerturbation(1.0, 1.0)(tree, rng=np.random.default_rng(0))
+        GaussianOutputPerturbation(1.0, stddev=2.0)(tree, rng=np.random.default_rng(0))
 
 
 def test_bad_inputs_refused():
-    m = GaussianOutputPerturbation(1.0, 1.0)
+    m = GaussianOutputPerturbation(1.0, stddev=2.0)
     with pytest.raises(InvalidParameterError, match="tree"):
         m(np.arange(3), rng=np.random.default_rng(0))  # integer leaves
     with pytest.raises(InvalidParameterError):

@@ -10,8 +10,13 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy import stats
 
 import privkit
-from privkit.errors import InvalidParameterError
-from privkit.events import L2LaplaceDpEvent, LaplaceDpEvent, SelfComposedDpEvent
+from privkit.errors import InvalidParameterError, UnsupportedEventError
+from privkit.events import (
+    L2LaplaceDpEvent,
+    LaplaceDpEvent,
+    ReplaceOneLaplaceDpEvent,
+    SelfComposedDpEvent,
+)
 from privkit.mechanisms import LaplaceGradientNoise, NoiseShape
 
 L1, L2 = NoiseShape.L1, NoiseShape.L2
@@ -34,8 +39,9 @@ def test_events():
     assert m.event(4380) == L2LaplaceDpEvent(1.0, 4380)
     assert type(m.event(3)) is L2LaplaceDpEvent
     m1 = LaplaceGradientNoise(1.0, 24, 0.5, L1)
-    assert m1.event(4380) == LaplaceDpEvent(2.0)
-    assert type(m1.event(1)) is dp_event.LaplaceDpEvent
+    # scale / (half the replace-one L1 bound), priced under replace-one only
+    assert m1.event(4380) == ReplaceOneLaplaceDpEvent(4.0)
+    assert isinstance(m1.event(1), dp_event.LaplaceDpEvent)
     for bad in (0, -1, 2.5, math.nan):
         with pytest.raises(InvalidParameterError, match="d"):
             m.event(bad)
@@ -52,12 +58,20 @@ def test_priced_as_pure_dp():
 
 
 def test_l1_event_priced_by_dp_accounting():
-    ev = dp_event.SelfComposedDpEvent(LaplaceGradientNoise(1.0, 24, 0.5, L1).event(10), 20)
+    """Under replace-one (its relation) the upload of scale b = 2 C_1 / eps costs eps; where
+    dp-accounting's PLD answers (add/remove) the same noise against the doubled sensitivity
+    is its Laplace of z / 2. Priced under add/remove, privkit refuses (C_1 would be read as
+    the sensitivity: half the truth)."""
+    mech = LaplaceGradientNoise(1.0, 24, 0.5, L1)
+    ev = dp_event.SelfComposedDpEvent(mech.event(10), 20)
     acc = pld_privacy_accountant.PLDAccountant()
-    acc.compose(ev)
-    ours = privkit.epsilon(ev, 1e-5, "pld").epsilon
-    assert acc.get_epsilon(1e-5) == pytest.approx(ours, rel=1e-6)
-    assert ours <= 10.0  # never above basic composition
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(
+        mech.event(10).noise_multiplier / 2), 20))
+    ours = privkit.epsilon(ev, 1e-5, "pld", neighboring_relation=mech.neighboring_relation)
+    assert acc.get_epsilon(1e-5) == pytest.approx(ours.epsilon, rel=1e-6)
+    assert ours.epsilon <= 10.0  # never above basic composition
+    with pytest.raises(UnsupportedEventError, match="REPLACE_ONE"):
+        privkit.epsilon(ev, 1e-5)
 
 
 @pytest.mark.parametrize("field,bad", [

@@ -301,9 +301,11 @@ class _Run(TrainerRun):
         n = len(sh.data.sizes)
         attempts = sh.timing.draw_attempts(self.tree.numpy(r, "arrivals"))
         t = sh.timing.times(self.batch, attempts)
-        # the same draws for every method, or (gradient noise, secure) the OS CSPRNG's
-        rng_b = self.secure if self.secure is not None else self.tree.numpy(r, "batches")
-        rows = [self._client_rows(rng_b, i) for i in range(n)]
+        # the same draws for every method, or (gradient noise, secure) the OS CSPRNG's; each
+        # client's minibatch from its own stream (a record added to one client never moves
+        # another client's rows: the coupling record-level DP's accounting assumes)
+        rows = [self._client_rows(self.secure if self.secure is not None
+                                  else self.tree.numpy(r, f"batches/{i}"), i) for i in range(n)]
         w = self.w
         noise = None
         if self.dp is not None:

@@ -1,0 +1,1 @@
+"""Coupling tests: every private mode run on D and its neighbour D' (``harness``)."""

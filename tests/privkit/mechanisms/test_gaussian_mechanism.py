@@ -12,7 +12,7 @@ from scipy import stats
 
 import privkit
 from privkit.errors import InvalidParameterError
-from privkit.events import GaussianDpEvent, SelfComposedDpEvent
+from privkit.events import SelfComposedDpEvent
 from privkit.mechanisms import (
     GaussianOutputPerturbation,
     Sensitivity,

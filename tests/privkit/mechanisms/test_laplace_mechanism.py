@@ -13,7 +13,6 @@ import privkit
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import (
     L2LaplaceDpEvent,
-    LaplaceDpEvent,
     ReplaceOneLaplaceDpEvent,
     SelfComposedDpEvent,
 )

@@ -8,8 +8,10 @@ stateful :class:`Accountant`; calibrate noise with
 # Imported for their side effect: each registers the pricing rules of its events
 # (objective: L2LaplaceDpEvent, ObjectivePerturbationDpEvent; rec: RecDpEvent and sampling
 # with replacement; midp: CodedDataMiEvent, refused as an epsilon; amplification:
-# PoissonSampledPureDpEvent) and allows them to be rebuilt from a ledger in a fresh process.
+# PoissonSampledPureDpEvent; distributed: SkellamDpEvent) and allows them to be rebuilt from a
+# ledger in a fresh process.
 from privkit.accountants import amplification as _amplification  # noqa: F401
+from privkit.accountants import distributed as _distributed  # noqa: F401
 from privkit.accountants import midp as _midp  # noqa: F401
 from privkit.accountants import objective as _objective  # noqa: F401
 from privkit.accountants import rec as _rec  # noqa: F401
@@ -34,6 +36,12 @@ from privkit.accountants.bandmf import (
     bandmf_sensitivity,
     calibrate_bandmf,
 )
+from privkit.accountants.distributed import (
+    DistributedCalibration,
+    SkellamDpEvent,
+    calibrate_distributed,
+    wraparound_probability,
+)
 from privkit.accountants.rules import NeighboringRelation
 
 __all__ = [
@@ -48,6 +56,10 @@ __all__ = [
     "bandmf_round_events",
     "bandmf_sensitivity",
     "calibrate_bandmf",
+    "DistributedCalibration",
+    "SkellamDpEvent",
+    "calibrate_distributed",
+    "wraparound_probability",
     "EpsilonReport",
     "Method",
     "NeighboringRelation",

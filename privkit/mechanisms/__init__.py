@@ -11,6 +11,7 @@ dp-accounting's own accountants where dp-accounting knows the event.
 * :class:`LaplaceGradientNoise` - MAPA / AUDP per-example-clipped gradient noise.
 * :class:`ClientLevelGaussian` - DP-FedAvg's aggregate: clip each update, noise the sum once.
 * :class:`AdaptiveClipping` - the quantile-tracking clip norm of Andrew et al. (2021).
+* :class:`DistributedSkellam` - distributed DP with secure aggregation: no trusted aggregator.
 """
 
 from privkit.mechanisms.aggregate import (
@@ -29,6 +30,11 @@ from privkit.mechanisms.bandmf import (
     TreeStrategy,
 )
 from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm
+from privkit.mechanisms.distributed import (
+    DISTRIBUTED_TRUST_ASSUMPTION,
+    DistributedSkellam,
+    secure_sum,
+)
 from privkit.mechanisms.gaussian import (
     GaussianOutputPerturbation,
     Sensitivity,
@@ -56,6 +62,9 @@ __all__ = [
     "TreeStrategy",
     "ClientLevelGaussian",
     "TRUST_ASSUMPTION",
+    "DistributedSkellam",
+    "DISTRIBUTED_TRUST_ASSUMPTION",
+    "secure_sum",
     "GaussianOutputPerturbation",
     "LaplaceGradientNoise",
     "NonFiniteUpdates",

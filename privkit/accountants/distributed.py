@@ -1,0 +1,524 @@
+"""Renyi-DP of the distributed Skellam mechanism, its calibration and its wrap-around bound.
+
+**One release** (:class:`~privkit.events.distributed.SkellamDpEvent`). Each of at least ``n``
+honest surviving clients adds ``Skellam(mu)`` noise (variance ``mu`` per coordinate, integer
+units); Poisson sums are Poisson, so the sum carries ``Skellam(n mu)``. A client's rounded
+contribution has L2 norm at most ``Delta_2`` and L1 norm at most ``Delta_1``. Agarwal, Kairouz &
+Liu (NeurIPS 2021, "The Skellam Mechanism for Differentially Private Federated Learning",
+Theorem 3.5, the multi-dimensional Skellam mechanism) bound the Renyi divergence of two
+Skellam vectors of variance ``M = n mu`` shifted by such a vector, for integer orders
+``alpha > 1``::
+
+    eps(alpha) = alpha Delta_2^2 / (2 M) + min(((2 alpha - 1) Delta_2^2 + 6 Delta_1) / (4 M^2),
+                                               3 Delta_1 / (2 M)).
+
+The first term is the Gaussian mechanism's RDP at variance ``M``; the second vanishes as
+``M`` grows (:func:`skellam_rdp`). Between integer orders the bound interpolates
+``(alpha - 1) eps(alpha)`` linearly (the cumulant ``(alpha - 1) D_alpha`` is convex in
+``alpha``), so every order of privkit's grid gets a valid value. More noise (more survivors
+than ``n``) is a post-processing (adding independent Skellam noise) and can only help.
+
+**Relations.** Under zero-out (``REPLACE_SPECIAL``; the client keeps its place and its noise
+share, its update becomes zero) the shift is one contribution; under ``REPLACE_ONE`` the
+difference of two, and :func:`privkit.accountants.rules.relative_to_sensitivity` doubles both
+sensitivities. ``ADD_OR_REMOVE_ONE`` is refused: the client's noise share comes and goes with
+it, so the neighbouring sums differ in their noise as well as by a shift.
+
+**Rounding and delta.** The sensitivities come from the conditional rounding's bound ``T``
+(:func:`~privkit.events.distributed.rounded_norm_bound_sq`; Kairouz, Liu & Steinke, ICML 2021,
+Section 4.1), which the mechanism *enforces*: it redraws the rounding until the bound holds
+and falls back to rounding towards zero. The bound therefore fails with probability 0, and
+``delta_total = delta_rdp``: the rounding's failure probability ``beta`` only costs retries
+(expected tries at most ``1 / (1 - beta)``) and a small bias. (Unconditional rounding priced
+at the conditional bound would need ``delta_rdp + (1 + e^eps) k beta`` instead, ``k`` the
+rounds a client takes part in, by a total-variation argument; privkit does not offer it.)
+
+**Composition and sampling.** RDP adds over rounds. With Poisson client sampling at rate
+``q`` and the cohort secret, a round's two output laws are ``(1 - q) A + q B`` and
+``(1 - q) A + q B'``, where ``A`` is the sum without the client and ``B``, ``B'`` the sums with
+it (its two updates, the same noise): ``A`` also lacks the client's noise share, so the
+add/remove subsampling lemmas (Zhu & Wang 2019; Mironov, Talwar & Zhang 2019), whose base
+mechanism must be the same with and without the client, do not apply. privkit uses joint
+convexity of ``exp((alpha - 1) D_alpha)`` (an f-divergence) instead::
+
+    eps_q(alpha) = log(1 + q (exp((alpha - 1) eps(alpha)) - 1)) / (alpha - 1),
+
+valid for any pair of mixtures with a common component (:func:`sampled_rdp`). It amplifies
+far less than the central mode's Poisson lemma (roughly ``q eps`` where ``eps`` is small, an
+additive ``log(1/q)`` where it is not), and holds only against those who do not know the
+cohort: the server, which picks it, gets the unamplified composition
+(:meth:`privkit.mechanisms.DistributedSkellam.unamplified_event`).
+
+**Wrap-around** (:func:`wraparound_probability`) is a utility failure, not a privacy one:
+the released residue is a post-processing of the noisy integer sum whatever it is.
+
+Example:
+    >>> import privkit
+    >>> ev = SkellamDpEvent(noise_per_client=1e4, survivors=100, l2_sensitivity=300.0,
+    ...                     l1_sensitivity=9600.0)
+    >>> r = privkit.epsilon(privkit.SelfComposedDpEvent(ev, 10), 1e-5,
+    ...                     neighboring_relation="zero-out")
+    >>> round(r.epsilon, 3), r.method.split()[0]   # the Gaussian of variance 1e6: 4.451
+    (4.462, 'rdp')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privkit import _validate
+from privkit.accountants import rules
+from privkit.accountants.accountant import Method
+from privkit.accountants.rules import NeighboringRelation
+from privkit.errors import InvalidParameterError, UnsupportedEventError
+from privkit.events import DpEvent, SelfComposedDpEvent
+from privkit.events.distributed import (
+    DISTRIBUTED_TRUST_ASSUMPTION,
+    MAX_NOISE_PER_CLIENT,
+    SkellamDpEvent,
+    padded_dimension,
+    rounded_norm_bound_sq,
+    skellam_sensitivities,
+)
+from privkit.events.mechanisms import as_relation
+
+__all__ = [
+    "SkellamDpEvent",
+    "DISTRIBUTED_TRUST_ASSUMPTION",
+    "DistributedCalibration",
+    "skellam_rdp",
+    "sampled_rdp",
+    "skellam_chernoff_tail",
+    "wraparound_probability",
+    "calibrate_distributed",
+    "SKELLAM_NOTE",
+    "SAMPLING_NOTE",
+]
+
+SKELLAM_NOTE = ("Skellam RDP: Agarwal, Kairouz & Liu 2021, Thm 3.5, at integer orders "
+                "(interpolated between them by convexity); sensitivities from the enforced "
+                "conditional-rounding bound (Kairouz, Liu & Steinke 2021; holds with "
+                "probability 1, nothing added to delta)")
+SAMPLING_NOTE = ("Poisson client sampling priced by joint convexity (weak amplification); it "
+                 "assumes the cohort stays secret, which the server that picks it does not "
+                 "grant: against the server only the unamplified composition holds")
+
+
+# ------------------------------------------------------------------ RDP
+def _orders(orders: Any) -> np.ndarray:
+    a = np.atleast_1d(np.asarray(orders, dtype=np.float64))
+    if a.ndim != 1 or a.size == 0 or not (np.isfinite(a).all() and (a > 1).all()):
+        raise InvalidParameterError("orders", orders, "a non-empty list of finite orders > 1")
+    return a
+
+
+def _skellam_rdp_int(a: np.ndarray, m: float, d2: float, d1: float) -> np.ndarray:
+    d2sq = d2 * d2
+    extra = np.minimum(((2 * a - 1) * d2sq + 6 * d1) / (4 * m * m), 3 * d1 / (2 * m))
+    return a * d2sq / (2 * m) + extra
+
+
+def skellam_rdp(orders: Any, *, central_variance: float, l2_sensitivity: float,
+                l1_sensitivity: float) -> np.ndarray:
+    """Agarwal, Kairouz & Liu's Skellam RDP bound (module docstring), at any order > 1.
+
+    At an integer order it is the theorem's bound. Between integers ``a < alpha < a + 1`` the
+    cumulant ``(alpha - 1) D_alpha = log E_Q[(P/Q)^alpha]`` is convex in ``alpha`` (Hoelder), so
+    it lies below the chord through the bounds at ``a`` and ``a + 1`` (through 0 at
+    ``alpha = 1`` for ``alpha < 2``, which gives the bound at 2).
+
+    Args:
+        orders: RDP orders > 1.
+        central_variance: M, the Skellam variance of the sum's noise, > 0.
+        l2_sensitivity: Delta_2 of the shift, > 0.
+        l1_sensitivity: Delta_1 of the shift, > 0.
+
+    Example:
+        >>> r = skellam_rdp([2, 2.5, 3], central_variance=1000.0, l2_sensitivity=10.0,
+        ...                 l1_sensitivity=80.0)
+        >>> tuple(round(float(v), 6) for v in r)
+        (0.100195, 0.133562, 0.150245)
+    """
+    a = _orders(orders)
+    m = _validate.positive("central_variance", central_variance)
+    d2 = _validate.positive("l2_sensitivity", l2_sensitivity)
+    d1 = _validate.positive("l1_sensitivity", l1_sensitivity)
+    lo = np.floor(a)
+    frac = a - lo
+    at_lo = _skellam_rdp_int(np.maximum(lo, 2.0), m, d2, d1)
+    at_hi = _skellam_rdp_int(lo + 1, m, d2, d1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        chord = ((1 - frac) * (lo - 1) * at_lo + frac * lo * at_hi) / (a - 1)
+    return np.where(frac == 0, at_lo, np.where(lo < 2, at_hi, chord))
+
+
+def sampled_rdp(rdp: Any, orders: Any, sampling_probability: float) -> np.ndarray:
+    """Joint-convexity bound for a Poisson-sampled round (module docstring):
+    ``log(1 + q (exp((alpha - 1) rdp) - 1)) / (alpha - 1)``, evaluated in log space.
+
+    Example:
+        >>> round(float(sampled_rdp([1.0], [2.0], 0.1)[0]), 6)
+        0.158565
+    """
+    a = _orders(orders)
+    r = np.asarray(rdp, dtype=np.float64)
+    q = _validate.probability("sampling_probability", sampling_probability)
+    if r.shape != a.shape or not (r >= 0).all():
+        raise InvalidParameterError("rdp", rdp, "non-negative values, one per order")
+    if q == 1:
+        return r.copy()
+    with np.errstate(over="ignore"):
+        x = (a - 1) * r
+        out = np.logaddexp(math.log1p(-q), math.log(q) + x) / (a - 1)
+    return np.minimum(out, r)
+
+
+# ------------------------------------------------------------------ rules
+def _relation_error(relation: Any) -> str | None:
+    if relation == NeighboringRelation.ADD_OR_REMOVE_ONE:
+        return ("SkellamDpEvent is not priced under ADD_OR_REMOVE_ONE: a client added or "
+                "removed adds or removes its noise share too, so the neighbouring sums differ "
+                "in their noise, not only by a shift; price it under zero-out "
+                "(neighboring_relation='zero-out', the client keeps its place and its noise "
+                "share, its update becomes zero) or REPLACE_ONE")
+    return None
+
+
+@rules.relation_error.register(SkellamDpEvent)
+def _(event: SkellamDpEvent, relation: Any) -> str | None:
+    return _relation_error(relation)
+
+
+@rules.relative_to_sensitivity.register(SkellamDpEvent)
+def _(event: SkellamDpEvent, relation: Any) -> DpEvent:
+    why = _relation_error(relation)
+    if why is not None:
+        raise UnsupportedEventError(why)
+    if relation == NeighboringRelation.REPLACE_ONE:
+        return SkellamDpEvent(event.noise_per_client, event.survivors,
+                              2.0 * float(event.l2_sensitivity),
+                              2.0 * float(event.l1_sensitivity), event.sampling_probability)
+    return event
+
+
+@rules.check_atom.register(SkellamDpEvent)
+def _(event: SkellamDpEvent) -> None:
+    _validate.positive("SkellamDpEvent.noise_per_client", event.noise_per_client)
+    _validate.positive_int("SkellamDpEvent.survivors", event.survivors)
+    _validate.positive("SkellamDpEvent.l2_sensitivity", event.l2_sensitivity)
+    _validate.positive("SkellamDpEvent.l1_sensitivity", event.l1_sensitivity)
+    _validate.probability("SkellamDpEvent.sampling_probability", event.sampling_probability)
+
+
+@rules.rdp_curve.register(SkellamDpEvent)
+def _(event: SkellamDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
+    # the event is already relative to the relation's sensitivity (rules.priced)
+    base = skellam_rdp(orders, central_variance=event.central_variance,
+                       l2_sensitivity=event.l2_sensitivity, l1_sensitivity=event.l1_sensitivity)
+    return sampled_rdp(base, orders, event.sampling_probability)
+
+
+@rules.notes.register(SkellamDpEvent)
+def _(event: SkellamDpEvent) -> tuple[str, ...]:
+    out = (DISTRIBUTED_TRUST_ASSUMPTION, SKELLAM_NOTE)
+    return (*out, SAMPLING_NOTE) if event.sampling_probability < 1 else out
+
+
+# ------------------------------------------------------------------ wrap-around
+def skellam_chernoff_tail(t: float, variance: float, subgaussian_variance: float = 0.0) -> float:
+    """Chernoff bound on ``P(X + Y >= t)`` for ``X ~ Skellam(variance)`` and an independent
+    ``Y`` sub-Gaussian with variance proxy ``subgaussian_variance``:
+    ``min_theta exp(theta^2 v / 2 + M (cosh theta - 1) - theta t)`` (the Skellam moment
+    generating function is ``exp(M (cosh theta - 1))``). 1 when ``t <= 0``.
+
+    Example:
+        >>> round(skellam_chernoff_tail(30.0, 100.0), 6)   # 3 standard deviations
+        0.01148
+    """
+    t = _validate.real("t", t)
+    m = _validate.nonnegative("variance", variance)
+    v = _validate.nonnegative("subgaussian_variance", subgaussian_variance)
+    if t <= 0:
+        return 1.0
+    if m == 0 and v == 0:
+        return 0.0
+
+    def slope(th: float) -> float:  # derivative of the convex exponent
+        return th * v + m * math.sinh(th) - t
+
+    hi = min(t / v if v > 0 else math.inf, math.asinh(t / m) if m > 0 else math.inf)
+    lo = 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if slope(mid) > 0:
+            hi = mid
+        else:
+            lo = mid
+    th = lo  # any theta gives a valid bound; lo is the bisection's side below the optimum
+    expo = th * th * v / 2 - th * t + (m * (math.cosh(th) - 1) if m > 0 else 0.0)
+    return min(1.0, math.exp(expo))
+
+
+def wraparound_probability(*, clients: int, noise_per_client: float, scaled_clip: float,
+                           padded_dim: int, bits: int) -> float:
+    """Upper bound on the probability that a round's true integer sum leaves
+    ``[-2^(bits-1), 2^(bits-1))`` in some coordinate (the decoded sum then wraps).
+
+    Coordinate ``j`` of the sum is ``R_j + E_j + Z_j``: ``R`` the rotated sum of the scaled,
+    clipped updates (norm at most ``n c``; with the public random signs each coordinate is a
+    Rademacher sum, sub-Gaussian with variance proxy ``(n c)^2 / d``, Hoeffding), ``E`` the
+    rounding errors (``|E_j| < n``, every coordinate moves by less than 1) and
+    ``Z ~ Skellam(n mu)``. So ``P(wrap) <= 2 d min_theta exp(theta^2 v / 2 + n mu
+    (cosh theta - 1) - theta (m/2 - n))`` (:func:`skellam_chernoff_tail`, union over the ``d``
+    coordinates and both signs). ``clients`` is the most contributions a sum holds; fewer
+    clients can only lower the bound.
+
+    Example:
+        >>> p = wraparound_probability(clients=100, noise_per_client=1e5, scaled_clip=300.0,
+        ...                            padded_dim=1024, bits=16)
+        >>> p < 1e-9
+        True
+    """
+    n = _validate.positive_int("clients", clients)
+    mu = _validate.nonnegative("noise_per_client", noise_per_client)
+    c = _validate.positive("scaled_clip", scaled_clip)
+    d = _validate.positive_int("padded_dim", padded_dim)
+    b = _validate.positive_int("bits", bits)
+    t = 2.0 ** (b - 1) - n
+    v = (n * c) ** 2 / d
+    return min(1.0, 2.0 * d * skellam_chernoff_tail(t, n * mu, v))
+
+
+# ------------------------------------------------------------------ calibration
+@dataclass(frozen=True)
+class DistributedCalibration:
+    """A calibrated distributed Skellam mechanism and what it costs against central DP.
+
+    Errors are mean squared errors per coordinate of the decoded mean (the sum divided by
+    ``clients``) when all ``clients`` take part: ``mse_noise = gamma^2 clients mu / clients^2``
+    (the Skellam noise, exact), ``mse_rounding <= gamma^2 (clients / 4) / clients^2``
+    (unconditional randomized rounding's variance; the conditioning's small bias is not
+    counted), and ``central_mse = (z C)^2 / clients^2`` for
+    :class:`~privkit.mechanisms.ClientLevelGaussian` with the noise multiplier ``z`` calibrated to
+    the same target, rounds, sampling and relation by privkit's tightest method
+    (``central_rdp_mse``: by RDP, the method the Skellam is priced with). Clipping bias is the
+    same in both and not counted.
+    """
+
+    noise_per_client: float
+    granularity: float
+    bits: int
+    dim: int
+    padded_dim: int
+    norm_bound_sq: int
+    l2_sensitivity: float
+    l1_sensitivity: float
+    epsilon: float
+    delta: float
+    target_epsilon: float
+    rounds: int
+    clients: int
+    min_survivors: int
+    colluders: int
+    sampling_probability: float
+    neighboring_relation: str
+    beta: float
+    clip: float
+    wrap_probability: float
+    mse_noise: float
+    mse_rounding: float
+    central_noise_multiplier: float
+    central_epsilon: float
+    central_mse: float
+    central_rdp_noise_multiplier: float
+    central_rdp_mse: float
+    method: str
+
+    @property
+    def mse(self) -> float:
+        """mse_noise + mse_rounding."""
+        return self.mse_noise + self.mse_rounding
+
+    @property
+    def mse_ratio(self) -> float:
+        """mse / central_mse: what distributing the trust costs, against the central mode
+        priced by privkit's tightest method (exact or PLD)."""
+        return self.mse / self.central_mse
+
+    @property
+    def mse_ratio_rdp(self) -> float:
+        """mse / central_rdp_mse: the cost against the central mode priced by RDP too (the
+        mechanism's own cost: discreteness, rounding, dropouts, bit width)."""
+        return self.mse / self.central_rdp_mse
+
+    def event(self) -> DpEvent:
+        """One round's event (Poisson-sampled when sampling_probability < 1)."""
+        return SkellamDpEvent(self.noise_per_client, self.min_survivors - self.colluders,
+                              self.l2_sensitivity, self.l1_sensitivity,
+                              self.sampling_probability)
+
+    def mechanism_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`privkit.mechanisms.DistributedSkellam` for this
+        calibration."""
+        return {"l2_clip_norm": self.clip, "granularity": self.granularity,
+                "noise_per_client": self.noise_per_client, "bits": self.bits, "dim": self.dim,
+                "min_survivors": self.min_survivors, "colluders": self.colluders,
+                "beta": self.beta, "sampling_probability": self.sampling_probability}
+
+
+def _calibration_relation(value: Any) -> Any:
+    rel = as_relation(value)
+    why = _relation_error(rel)
+    if why is not None:
+        raise InvalidParameterError("neighboring_relation", rel.name,
+                                    "zero-out (REPLACE_SPECIAL) or REPLACE_ONE: " + why)
+    return rel
+
+
+def calibrate_distributed(target_epsilon: float, delta: float, rounds: int, clients: int,
+                          min_survivors: int, dim: int, clip: float, bits: int,
+                          sampling_probability: float = 1.0, *, colluders: int = 0,
+                          beta: float = math.exp(-0.5),
+                          neighboring_relation: Any = "zero-out",
+                          max_wrap_probability: float = 1e-6,
+                          granularity: float | None = None) -> DistributedCalibration:
+    """The per-client noise and the granularity of a distributed Skellam run, and its cost.
+
+    The granularity gamma is the finest grid (least rounding error, least norm inflation)
+    whose wrap-around bound (:func:`wraparound_probability`, with all ``clients`` taking part
+    and adding noise) is at most ``max_wrap_probability`` per round; for each gamma the noise
+    ``mu`` per client is the smallest whose ``rounds``-fold composition, with
+    ``min_survivors - colluders`` honest shares, has RDP epsilon <= ``target_epsilon``
+    (:func:`privkit.accountants.calibration.calibrate_noise`, verified at the answer).
+
+    Args:
+        target_epsilon: finite and > 0.
+        delta: in (0, 1); nothing is added for the rounding (module docstring).
+        rounds: releases composed, >= 1 (with sampling, rounds of the run).
+        clients: clients per round (the public divisor, and the most contributions a sum
+            holds), >= 1.
+        min_survivors: the fewest clients a released sum may contain, 1..clients.
+        dim: coordinates of one update, >= 1.
+        clip: C, the L2 clip norm, > 0.
+        bits: the SecAgg modulus exponent, 2..62.
+        sampling_probability: q in (0, 1]; < 1 uses the (weak) amplification of the module
+            docstring, which holds only against those who do not know the cohort.
+        colluders: clients that may collude with the server, < min_survivors.
+        beta: the conditional rounding's parameter in [0, 1).
+        neighboring_relation: zero-out (default) or replace-one; add/remove is refused.
+        max_wrap_probability: the per-round wrap-around bound to meet, in (0, 1).
+        granularity: use this gamma instead of choosing one (its wrap bound is reported).
+
+    Raises:
+        InvalidParameterError: a bad argument, or bits too few for ``clients`` at any grid.
+
+    Example:
+        >>> cal = calibrate_distributed(3.0, 1e-5, rounds=10, clients=50, min_survivors=50,
+        ...                             dim=100, clip=1.0, bits=16)
+        >>> cal.epsilon <= 3.0, cal.wrap_probability <= 1e-6, 1.0 < cal.mse_ratio < 1.2
+        (True, True, True)
+    """
+    # imported here: privkit.accountants imports this module, and calibration is not needed
+    # to price an event (import privkit stays light)
+    from privkit.accountants.calibration import calibrate_noise, calibrate_noise_multiplier
+
+    target = _validate.positive("target_epsilon", target_epsilon)
+    dl = _validate.delta("delta", delta)
+    t = _validate.positive_int("rounds", rounds)
+    n = _validate.positive_int("clients", clients)
+    n_min = _validate.positive_int("min_survivors", min_survivors)
+    if n_min > n:
+        raise InvalidParameterError("min_survivors", min_survivors, f"<= clients = {n}")
+    k = _validate.nonnegative_int("colluders", colluders)
+    if k >= n_min:
+        raise InvalidParameterError("colluders", colluders, f"< min_survivors = {n_min}")
+    d = padded_dimension(dim)
+    c_norm = _validate.positive("clip", clip)
+    b = _validate.positive_int("bits", bits)
+    if not 2 <= b <= 62:
+        raise InvalidParameterError("bits", bits, "an integer in [2, 62]")
+    q = _validate.probability("sampling_probability", sampling_probability)
+    rel = _calibration_relation(neighboring_relation)
+    wrap_max = _validate.probability("max_wrap_probability", max_wrap_probability)
+    if wrap_max >= 1:
+        raise InvalidParameterError("max_wrap_probability", max_wrap_probability, "< 1")
+    rounded_norm_bound_sq(1.0, d, beta)  # validates beta
+    honest = n_min - k
+
+    def sens(gamma: float) -> tuple[int, float, float]:
+        tsq = rounded_norm_bound_sq(c_norm / gamma, d, beta)
+        l2, l1 = skellam_sensitivities(tsq, d)
+        return tsq, l2, l1
+
+    def noise(gamma: float) -> tuple[float, float, str]:
+        _, l2, l1 = sens(gamma)
+
+        def make(mu: float) -> DpEvent:
+            return SelfComposedDpEvent(SkellamDpEvent(mu, honest, l2, l1, q), t)
+
+        guess = max(1.0, (l2 * l2) / honest)
+        return calibrate_noise(make, target_epsilon=target, delta=dl, method=Method.RDP,
+                               tol=1e-9, initial_guess=guess, neighboring_relation=rel)
+
+    def wrap(gamma: float) -> float:
+        mu, _, _ = noise(gamma)
+        if mu > MAX_NOISE_PER_CLIENT:
+            return math.inf  # a grid this fine needs more noise than a client may draw
+        return wraparound_probability(clients=n, noise_per_client=mu, scaled_clip=c_norm / gamma,
+                                      padded_dim=d, bits=b)
+
+    # the finest grid the int64 norms allow: (c + sqrt(d) + 1)^2 < 2^62 with room
+    finest = c_norm / (2.0**30 - math.sqrt(d) - 2.0)
+    if granularity is not None:
+        gamma = _validate.positive("granularity", granularity)
+        if gamma < finest:
+            raise InvalidParameterError("granularity", granularity, f">= {finest!r} (int64)")
+    elif wrap(finest) <= wrap_max:
+        gamma = finest
+    else:
+        good = c_norm  # c = 1; coarser grids if even that wraps
+        while wrap(good) > wrap_max:
+            good *= 2.0
+            if good > c_norm * 2.0**20:
+                raise InvalidParameterError(
+                    "bits", bits, f"enough for {n} clients: the sum of their rounding errors "
+                    f"alone nears 2^{b - 1} (raise bits or max_wrap_probability)")
+        bad = finest
+        for _ in range(60):  # bisection on log gamma: wrap(bad) > max >= wrap(good)
+            mid = math.sqrt(bad * good)
+            if wrap(mid) <= wrap_max:
+                good = mid
+            else:
+                bad = mid
+            if good / bad < 1 + 1e-6:
+                break
+        gamma = good
+    mu, eps, method = noise(gamma)
+    if mu > MAX_NOISE_PER_CLIENT:
+        raise InvalidParameterError("granularity", gamma,
+                                    f"coarse enough that the noise per client ({mu:.3g}) is "
+                                    "<= 2^51")
+    tsq, l2, l1 = sens(gamma)
+    wrap_p = wraparound_probability(clients=n, noise_per_client=mu, scaled_clip=c_norm / gamma,
+                                    padded_dim=d, bits=b)
+    # the central mode at the same target, rounds, sampling and relation
+    central = calibrate_noise_multiplier(target_epsilon=target, delta=dl, steps=t,
+                                         sampling_probability=q, neighboring_relation=rel)
+    z = central.noise_multiplier
+    z_rdp = calibrate_noise_multiplier(target_epsilon=target, delta=dl, steps=t,
+                                       sampling_probability=q, method=Method.RDP,
+                                       neighboring_relation=rel).noise_multiplier
+    g2 = gamma * gamma / (n * n)
+    return DistributedCalibration(
+        noise_per_client=mu, granularity=gamma, bits=b, dim=int(dim), padded_dim=d,
+        norm_bound_sq=tsq, l2_sensitivity=l2, l1_sensitivity=l1, epsilon=eps,
+        delta=dl, target_epsilon=target, rounds=t, clients=n, min_survivors=n_min,
+        colluders=k, sampling_probability=q, neighboring_relation=rel.name, beta=float(beta),
+        clip=c_norm, wrap_probability=wrap_p, mse_noise=g2 * n * mu, mse_rounding=g2 * n / 4.0,
+        central_noise_multiplier=z, central_epsilon=central.epsilon,
+        central_mse=(z * c_norm) ** 2 / (n * n), central_rdp_noise_multiplier=z_rdp,
+        central_rdp_mse=(z_rdp * c_norm) ** 2 / (n * n), method=method)

@@ -1,4 +1,18 @@
-"""Statistical privacy audits: empirical lower bounds on epsilon for the mechanisms.
+"""Statistical privacy audits: empirical lower bounds on epsilon for the mechanisms, and
+for training runs (canaries).
+
+**Auditing what you train** (docs/audit-runs.md): :mod:`privkit.audit.canaries` makes
+canaries, inserts them into a run's releases (:func:`with_canaries` for
+:class:`~privkit.ClientLevelGaussian`, ``extra_gradients=`` of
+:meth:`privkit.torch.DpSgd.step`, :class:`CanaryClients` in the Flower wrappers) and scores
+them (:class:`WhiteBoxScorer`, :func:`cosine_scores`, :func:`two_run_scores`);
+:mod:`privkit.audit.scores` turns in- and out-scores into high-confidence **lower** bounds
+on epsilon (:func:`clopper_pearson_bound`, :func:`gdp_bound`, :func:`one_run_bound`,
+:func:`gaussian_bound`, :class:`CanaryScoreAuditor`), each stating its confidence and
+assumptions, and labelled estimates (:class:`EpsilonEstimate`); :mod:`privkit.audit.runs`
+saves a run's scores as JSON (:class:`CanaryRun`) and recomputes the bounds from it
+(:func:`recompute`). The rest of this docstring is about the mechanism audits
+(:func:`audit`).
 
 An audit runs a real mechanism object (``privkit.mechanisms``) many times on two
 neighbouring inputs, turns what it sees into a high-confidence **lower** bound on
@@ -146,10 +160,35 @@ from privkit.audit.bounds import (
     renyi2_lower_bound,
     threshold_epsilon_lower_bound,
 )
+from privkit.audit.canaries import (
+    Canaries,
+    CanaryClients,
+    WhiteBoxScorer,
+    canary_rows,
+    clipped_sum,
+    cosine_scores,
+    flatten,
+    make_canaries,
+    two_run_scores,
+    with_canaries,
+)
 from privkit.audit.coded import _audit_coded
 from privkit.audit.dp import _audit_gaussian, _audit_laplace, _audit_objective
 from privkit.audit.rec import _audit_rec
 from privkit.audit.result import REPORT_DELTA, AuditResult
+from privkit.audit.runs import CanaryRun, RunAudit, final_model_estimate, recompute
+from privkit.audit.scores import (
+    CanaryScoreAuditor,
+    EpsilonEstimate,
+    EpsilonLowerBound,
+    clopper_pearson_bound,
+    gaussian_bound,
+    gaussian_estimate,
+    gaussian_pair_epsilon,
+    gdp_bound,
+    one_run_bound,
+    one_run_p_value,
+)
 from privkit.errors import InvalidParameterError
 
 __all__ = [
@@ -165,6 +204,31 @@ __all__ = [
     "ALL_MECHANISMS",
     "renyi2_lower_bound",
     "binary_mi_lower_bound",
+    # auditing a training run (canaries; docs/audit-runs.md)
+    "Canaries",
+    "make_canaries",
+    "flatten",
+    "canary_rows",
+    "with_canaries",
+    "clipped_sum",
+    "WhiteBoxScorer",
+    "CanaryClients",
+    "cosine_scores",
+    "two_run_scores",
+    "EpsilonLowerBound",
+    "EpsilonEstimate",
+    "CanaryScoreAuditor",
+    "clopper_pearson_bound",
+    "gdp_bound",
+    "one_run_bound",
+    "one_run_p_value",
+    "gaussian_bound",
+    "gaussian_estimate",
+    "gaussian_pair_epsilon",
+    "final_model_estimate",
+    "CanaryRun",
+    "RunAudit",
+    "recompute",
 ]
 
 MECHANISMS: tuple[str, ...] = ("gaussian", "objective", "laplace-l2", "laplace-l1")

@@ -79,10 +79,12 @@ from privkit.accountants.bandmf import (
     calibrate_bandmf,
 )
 from privkit.accountants.rules import NeighboringRelation
+from privkit.audit.canaries import CANARY_NOTE
 from privkit.errors import InvalidParameterError
 from privkit.events import NOISE_MULTIPLIER_NOTE, NoOpDpEvent
 from privkit.flower import records as keys
 from privkit.flower._server import ServerSideDP, _Round
+from privkit.flower.central import _check_canaries
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import ClientLevelGaussian
 from privkit.mechanisms.bandmf import BANDMF_TRUST_ASSUMPTION, BandedToeplitzStrategy, BandMF
@@ -156,6 +158,12 @@ class BandedClientLevelDP(ServerSideDP):
         run_id: the run's name in the ledger, as for :class:`~privkit.flower.ClientLevelDP`.
         node_timeout: seconds to wait for the N nodes, as for
             :class:`~privkit.flower.ClientLevelDP`.
+        canaries: an audit's canary clients (:class:`privkit.audit.CanaryClients`) with a
+            ``releases`` schedule the participation schema allows (at most k releases, b
+            apart): extra rows of the clipped-update stack before the noise in those
+            releases, scored from every released noisy sum. Under zero-out a canary is a
+            client that keeps its releases and contributes its vector or zeros; the divisor
+            ``cohort_size`` is unchanged and :meth:`report` says they were there.
 
     Raises:
         InvalidParameterError: a bad argument (named in the message).
@@ -187,7 +195,8 @@ class BandedClientLevelDP(ServerSideDP):
                  factorization: BandedToeplitzStrategy | None = None,
                  ledger: Ledger | None = None, delta: float | None = None,
                  max_epsilon: float | None = None, seed: int | None = None,
-                 run_id: str = "flower", node_timeout: float = 30.0) -> None:
+                 run_id: str = "flower", node_timeout: float = 30.0,
+                 canaries: Any = None) -> None:
         self._wrap(strategy)
         self._no_own_privacy(strategy)
         self.strategy = strategy
@@ -249,6 +258,13 @@ class BandedClientLevelDP(ServerSideDP):
         self.releases = 0  # releases charged so far (the next release's index)
         self._noise_state = self.mechanism.initial_state()  # secret: never published
         self._taken: dict[int, list[int]] = {}  # node -> its releases (the server's record)
+        self.canaries = _check_canaries(canaries)
+        if self.canaries is not None:
+            rel = self.canaries.releases
+            if rel is None or not self.participation.allows(list(rel)) or rel[-1] >= self.rounds:
+                raise InvalidParameterError(
+                    "canaries", f"releases={rel}", f"a schedule of releases < {self.rounds} "
+                    f"that {self.participation} allows (the canaries are clients too)")
 
     def _cohort_size(self, strategy: Strategy, cohort_size: Any) -> int:
         """The public divisor: given, or what the inner strategy chooses of N nodes."""
@@ -381,8 +397,14 @@ class BandedClientLevelDP(ServerSideDP):
                 return arrays, MetricRecord(dict(metrics or {}) | self._metrics(server_round))
             return None, MetricRecord(self._metrics(server_round))
         updates = self._updates(replies, sent)
+        release = self.releases - 1
+        if self.canaries is not None:  # extra rows before the noise (an audit's canaries)
+            clip = ClientLevelGaussian(self.clip_norm, self.noise_multiplier)
+            updates = self.canaries.insert(updates, release=release, mechanism=clip)
         noisy, self._noise_state = self.mechanism(updates, self._noise_state,
                                                   rng=self._rng(server_round, "noise"))
+        if self.canaries is not None:
+            self.canaries.observe(noisy, release=release, mechanism=clip)
         self._round = None
         mean = ClientLevelGaussian.mean(noisy, self.cohort_size)
         arrays, inner = self._aggregate_mean(server_round, sent, mean)
@@ -443,6 +465,9 @@ class BandedClientLevelDP(ServerSideDP):
                        f"{self.cohort_size}", f"b = {self.bands}, T = {self.rounds}, "
                        f"k = {p.max_participations} and the coefficients",
                        "the number of rounds", "the drop counts"]}
+        if self.canaries is not None:
+            out["canaries"] = self.canaries.describe()
+            out["assumptions"].append(CANARY_NOTE)
         if self.calibration is not None:
             out["calibration"] = {"target_epsilon": self.calibration.target_epsilon,
                                   "epsilon": self.calibration.epsilon,

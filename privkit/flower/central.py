@@ -96,6 +96,7 @@ from flwr.supercore import log
 import privkit
 from privkit import _validate
 from privkit._rng import SecureRandom
+from privkit.audit.canaries import CANARY_NOTE
 from privkit.errors import InvalidParameterError
 from privkit.events import NOISE_MULTIPLIER_NOTE
 from privkit.flower import records as keys
@@ -158,6 +159,12 @@ class ClientLevelDP(ServerSideDP):
         clipping: ``server`` (default: the server clips each update) or ``client`` (the
             ClientApps clip with :class:`~privkit.flower.ClientSideClippingMod`; module
             docstring).
+        canaries: an audit's canary clients (:class:`privkit.audit.CanaryClients`): extra
+            rows of the clipped-update stack before the noise, each included canary
+            Poisson-sampled at ``client_rate``, scored from every released noisy sum
+            (``canaries.canary_run(...)`` after the run). ``num_clients`` and the divisor
+            ``q N`` are unchanged: the canaries are extra contributions, and
+            :meth:`report` says they were there. Not with ``adaptive``.
 
     Raises:
         InvalidParameterError: a bad argument (named in the message).
@@ -177,7 +184,7 @@ class ClientLevelDP(ServerSideDP):
                  delta: float | None = None, max_epsilon: float | None = None,
                  seed: int | None = None, run_id: str = "flower",
                  node_timeout: float = 30.0, adaptive: AdaptiveClipping | None = None,
-                 clipping: str = "server") -> None:
+                 clipping: str = "server", canaries: Any = None) -> None:
         self._wrap(strategy)
         fraction = getattr(strategy, "fraction_train", 1.0)
         if fraction != 1.0:
@@ -209,6 +216,10 @@ class ClientLevelDP(ServerSideDP):
                                             "(the count needs the unclipped update norms)")
         self.adaptive = adaptive
         self.clip_norm = float(self.mechanism.l2_clip_norm)  # the round's (adaptive: moves)
+        self.canaries = _check_canaries(canaries)
+        if canaries is not None and adaptive is not None:
+            raise InvalidParameterError("canaries", "canary clients", "None with adaptive "
+                                        "clipping (the scores need one clip norm)")
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -315,7 +326,12 @@ class ClientLevelDP(ServerSideDP):
             self.clip_norm = self.adaptive.update(self.clip_norm, norms,
                                                   expected_clients=self.expected_clients,
                                                   rng=rng)
+        release = self.charged_rounds() - 1 if self.canaries is not None else -1
+        if self.canaries is not None:  # extra rows before the noise (an audit's canaries)
+            updates = self.canaries.insert(updates, release=release, mechanism=mech)
         noisy = mech(updates, rng=rng)
+        if self.canaries is not None:
+            self.canaries.observe(noisy, release=release, mechanism=mech)
         mean = ClientLevelGaussian.mean(noisy, self.expected_clients)
         # the inner strategy counted one reply (the synthetic one): no real client count
         arrays, inner = self._aggregate_mean(server_round, sent, mean)
@@ -362,6 +378,9 @@ class ClientLevelDP(ServerSideDP):
                 "count_stddev": self.adaptive.count_stddev,
                 "joint_noise_multiplier": self.effective_noise_multiplier,
                 "final_clip_norm": self.clip_norm}
+        if self.canaries is not None:
+            out["canaries"] = self.canaries.describe()
+            out["assumptions"].append(CANARY_NOTE)
         if self.stopped is not None:
             out["stopped"] = self.stopped
         return out
@@ -383,6 +402,18 @@ class ClientLevelDP(ServerSideDP):
         return (f"ClientLevelDP({type(self.strategy).__name__}, num_clients={self.num_clients},"
                 f" client_rate={self.client_rate:g}, l2_clip_norm={m.l2_clip_norm:g}, "
                 f"noise_multiplier={m.noise_multiplier:g})")
+
+
+def _check_canaries(canaries: Any) -> Any:
+    """``canaries``, checked: :class:`privkit.audit.CanaryClients` or None."""
+    if canaries is None:
+        return None
+    from privkit.audit.canaries import CanaryClients
+
+    if not isinstance(canaries, CanaryClients):
+        raise InvalidParameterError("canaries", type(canaries).__name__,
+                                    "a privkit.audit.CanaryClients or None")
+    return canaries
 
 
 def _set_config(msg: Message, key: str, value: Any) -> None:

@@ -56,6 +56,7 @@ from privkit.torch.grads import (
     LossFn,
     check_module,
     check_nonfinite,
+    clip_factors,
     clipped_grad_sum,
     resolve_method,
 )
@@ -257,7 +258,7 @@ class DpSgd:
         self._charge(max(0, self.steps_per_epoch - self._prepaid))
         yield from self.loader
 
-    def step(self, inputs: Any, targets: Any) -> None:
+    def step(self, inputs: Any, targets: Any, *, extra_gradients: Any = None) -> None:
         """One DP-SGD step on a Poisson batch: clip, charge (unless prepaid by
         :meth:`epoch`), add noise, divide by ``q n``, ``optimizer.step()``.
 
@@ -267,10 +268,19 @@ class DpSgd:
         Args:
             inputs: the module's input for the batch (a tensor or a tuple of them).
             targets: what the loss compares the output with.
+            extra_gradients: the audit hook (:mod:`privkit.audit.canaries`): per-example
+                gradients of **canary examples** that this step's Poisson batch drew,
+                ``{parameter name: (k, *shape)}`` for every trainable parameter (or None).
+                Each row is one more example: clipped to C like the others and added to the
+                sum before the noise; the step is charged as usual and the divisor stays
+                ``q n`` (canaries are extra records the accounting per record does not
+                change, but a report must say they were there). They must be finite.
         """
         s = clipped_grad_sum(self.module, inputs, targets, l2_clip_norm=self.l2_clip_norm,
                              loss_fn=self.loss_fn, method=self.method,
                              nonfinite=self.nonfinite)
+        if extra_gradients is not None:
+            self._add_extra(s.grads, extra_gradients)
         if self._prepaid == 0:
             self._charge(1)
         self._prepaid -= 1
@@ -281,6 +291,37 @@ class DpSgd:
             p.grad = s.grads[name].add_(noise[name]).div_(expected)
         self.optimizer.step()
         self.steps += 1
+
+
+    def _add_extra(self, grads: dict[str, torch.Tensor], extra: Any) -> None:
+        """Clip each row of ``extra`` (one canary example over all parameters) to C and add
+        the rows' sum to ``grads`` (in place)."""
+        if not isinstance(extra, dict) or set(extra) != set(self._params):
+            raise InvalidParameterError(
+                "extra_gradients", type(extra).__name__ if not isinstance(extra, dict)
+                else sorted(extra), f"a dict over the trainable parameters {sorted(self._params)}")
+        k = None
+        for name, p in self._params.items():
+            g = extra[name]
+            if not isinstance(g, torch.Tensor) or tuple(g.shape[1:]) != tuple(p.shape) or (
+                    k is not None and g.shape[0] != k):
+                raise InvalidParameterError(f"extra_gradients[{name!r}]",
+                                            tuple(getattr(g, "shape", ())),
+                                            f"a tensor of shape (k, {', '.join(map(str, p.shape))})"
+                                            " with one k for every parameter")
+            k = g.shape[0]
+        if not k:
+            return
+        rows = {n: extra[n].detach().to(self.device, torch.float64).reshape(k, -1)
+                for n in self._params}
+        sq = sum(r.pow(2).sum(1) for r in rows.values())
+        assert isinstance(sq, torch.Tensor)
+        if not bool(torch.isfinite(sq).all()):
+            raise InvalidParameterError("extra_gradients", "a row with NaN or inf",
+                                        "finite canary gradients")
+        f = clip_factors(sq.sqrt(), self.l2_clip_norm, torch.float64)
+        for n, p in self._params.items():
+            grads[n].add_((f[:, None] * rows[n]).sum(0).reshape(p.shape).to(grads[n].dtype))
 
 
 def _default_collate() -> Callable[[list[Any]], Any]:

@@ -81,8 +81,10 @@ mapa (over its edges): digits[:K] | digits:iid | synthetic:ALPHA,BETA[:PRESET] |
   synthetic:iid[:PRESET] | mnist:DIR
 One vocabulary in every trainer: --rounds (run length), --algorithms A,B (the first is
 the main one), --clients, --clip, --noise-multiplier, --noise-for-epsilon (the clients' max
-epsilon), --delta, --secure-noise, --eval-client-data; older spellings still work and print
-a note. Every trainer takes --help (its options, with their defaults)."""
+epsilon), --delta (1e-5 by default; 1e-3 for upcycled's output and objective perturbation),
+--device (auto by default; scfl, numpy on the CPU: auto or cpu), --secure-noise,
+--eval-client-data; older spellings still work and print a note. Every trainer takes --help
+(its options, with their defaults)."""
 """The epilog of ``privkit train --help``: the data-set specs."""
 
 

@@ -29,6 +29,7 @@ from privkit import audit as _audit
 from privkit.accountants import Method, NeighboringRelation, epsilon
 from privkit.accountants.accountant import relation_label as epsilon_report_label
 from privkit.accountants.calibration import calibrate_noise_multiplier, calibrate_steps
+from privkit.accountants.schedule import schedule
 from privkit.errors import InvalidParameterError, PrivkitError
 from privkit.events import NOISE_MULTIPLIER_NOTE, gaussian_steps_event, pure_steps_event
 
@@ -246,12 +247,16 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
 
     eps = sub.add_parser("epsilon", help="epsilon for given settings")
     eps_sub = eps.add_subparsers(dest="mechanism", required=True, parser_class=_Parser)
-    g = eps_sub.add_parser("gaussian", help="(subsampled) Gaussian steps")
+    g = eps_sub.add_parser(
+        "gaussian", help="(subsampled) Gaussian steps",
+        description="The epsilon of a run of (Poisson-subsampled) Gaussian steps at noise "
+        "multiplier z (stddev / sensitivity under --relation), given by --steps or by "
+        "--epochs, exactly as 'privkit calibrate gaussian' takes them (one epoch is "
+        "ceil(N / B) steps with --batch-size B and --dataset-size N, ceil(1 / q) with "
+        "--sampling-probability q; rounded up).")
     g.add_argument("--noise-multiplier", type=_number, required=True,
                    help="stddev / L2 sensitivity (z)")
-    g.add_argument("--steps", type=_integer_or_number, required=True, help="number of releases T")
-    g.add_argument("--sampling-probability", type=_number, default=1.0,
-                   help="Poisson sampling probability q in (0, 1] (default 1: no sampling)")
+    _add_schedule(g, steps=True)
     g.add_argument("--delta", type=_number, required=True, help=_DELTA_HELP)
     g.add_argument("--method", default="auto", choices=_methods(), help=_METHOD_HELP)
     _add_relation(g)
@@ -348,13 +353,20 @@ def _emit(obj: dict[str, Any], as_json: bool, text: str) -> None:
 
 
 def _cmd_epsilon(a: argparse.Namespace) -> None:
+    run = ""
     if a.mechanism == "gaussian":
-        _check_gaussian_method(a.method, a.sampling_probability)
-        ev = gaussian_steps_event(a.noise_multiplier, _validate.positive_int("steps", a.steps),
-                                  a.sampling_probability)
-        settings = {"noise_multiplier": a.noise_multiplier, "steps": int(a.steps),
-                    "sampling_probability": a.sampling_probability, "relation": a.relation,
+        sched = schedule(steps=a.steps, epochs=a.epochs,
+                         sampling_probability=a.sampling_probability,
+                         batch_size=a.batch_size, dataset_size=a.dataset_size)
+        _check_gaussian_method(a.method, sched.sampling_probability)
+        ev = gaussian_steps_event(a.noise_multiplier, sched.steps, sched.sampling_probability)
+        settings = {"noise_multiplier": a.noise_multiplier, "steps": sched.steps,
+                    "sampling_probability": sched.sampling_probability, "relation": a.relation,
                     "noise_multiplier_note": NOISE_MULTIPLIER_NOTE}
+        if a.epochs is not None:
+            settings["epochs"] = a.epochs
+        if a.epochs is not None or a.batch_size is not None:
+            run = f"; {sched.steps} steps at q={sched.sampling_probability:.6g}"
     else:
         ev = pure_steps_event(a.epsilon, _validate.positive_int("steps", a.steps))
         settings = {"epsilon0": a.epsilon, "steps": int(a.steps)}
@@ -362,7 +374,8 @@ def _cmd_epsilon(a: argparse.Namespace) -> None:
     r = epsilon(ev, a.delta, a.method,
                 neighboring_relation=NeighboringRelation[_RELATIONS[relation]])
     out = r.to_dict() | settings
-    text = r.summary()
+    first, *rest = r.summary().split("\n")  # the run's steps end the first line, as in calibrate
+    text = "\n".join([first + run, *rest])
     if a.mechanism == "gaussian":
         text += f"\n  - {NOISE_MULTIPLIER_NOTE}"
     _emit(out, a.json, text)

@@ -44,6 +44,8 @@ VOCABULARY = {
     "epsilon target": ("--noise-for-epsilon", "calibrate the noise so the run ends at this "
                        "epsilon (the clients' max)"),
     "delta": ("--delta", "the delta of every epsilon"),
+    "device": ("--device", "auto (CUDA when available; the default) | cpu | cuda[:N]; scfl, "
+               "numpy on the CPU: auto or cpu"),
 }
 
 #: The ``--out`` help every trainer command shares.

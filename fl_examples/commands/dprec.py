@@ -43,8 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", default=None, choices=["dprec", "dpfedavg", "fedavg"],
                    help=argparse.SUPPRESS)
     p.add_argument("--compare", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--clients-per-round", type=float, default=30,
-                   help="|S'|: DP-REC's draws per round (with replacement)")
+    p.add_argument("--clients-per-round", type=float, default=None,
+                   help="|S'|: DP-REC's draws per round (with replacement); default min(30, "
+                        "N): 30, or every client of a federation of N <= 30 (so --clients 20 "
+                        "alone draws 20)")
     p.add_argument("--client-rate", type=float, default=None,
                    help="q: DP-FedAvg's (and FedAvg's) Poisson rate, each client joins a round "
                         "with probability q, in (0, 1] (default: clients-per-round / N)")
@@ -111,7 +113,8 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         digits_classes=None if args.digits_classes is None
         else nonnegative_int("digits_classes", args.digits_classes),
         model=args.model,
-        clients_per_round=positive_int("clients_per_round", args.clients_per_round),
+        clients_per_round=None if args.clients_per_round is None
+        else positive_int("clients_per_round", args.clients_per_round),
         client_rate=args.client_rate,
         rounds=positive_int("rounds", args.rounds),
         bits=None if args.bits is None else positive_int("bits", args.bits),
@@ -139,7 +142,7 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         n = cfg.clients or 100
         check_digits_clients("clients", n, num_clients=n,
                              classes_per_client=cfg.digits_classes or None, seed=cfg.seed)
-        if cfg.clients_per_round > n:  # as the loader says, before anything is touched
+        if (cfg.clients_per_round or 0) > n:  # as the loader says, before anything is touched
             raise InvalidParameterError("clients_per_round", cfg.clients_per_round,
                                         f"at most the number of clients ({n})")
     else:

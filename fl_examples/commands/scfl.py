@@ -96,6 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithms", default="scfl,fl-pma", help=f"comma-separated: {METHODS}")
     p.add_argument("--secure-coding", action="store_true",
                    help="draw G and the noise from the OS CSPRNG (not reproducible)")
+    p.add_argument("--device", default="auto",
+                   help="auto | cpu: SCFL computes in numpy on the CPU whatever the machine "
+                        "has, so auto means cpu; a GPU (cuda[:N]) is refused with one line, "
+                        "never ignored")
     p.add_argument("--seed", type=float, default=0,
                    help="seed of the data, the coding and every draw (reproducible unless "
                         "--secure-coding)")
@@ -120,6 +124,7 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
     returns the run."""
     from fl_examples.scfl import ScflConfig
 
+    check_device(args.device)
     cfg = ScflConfig(
         dataset=args.dataset, clients=positive_int("clients", args.clients),
         num_coded_rows=positive_int("coded_rows", args.coded_rows), stddev=args.noise_stddev,
@@ -146,6 +151,22 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
 
 def run(args: argparse.Namespace) -> int:
     return run_prepared(args, prepare)
+
+
+def check_device(device: str) -> str:
+    """``--device``: ``auto`` or ``cpu`` (SCFL is numpy: it runs on the CPU either way); a GPU
+    request is refused naming the flag, so it is never silently ignored.
+
+    >>> check_device("auto")
+    'cpu'
+    """
+    from privkit.errors import InvalidParameterError
+
+    spec = device.strip().lower() if isinstance(device, str) else device
+    if spec in ("auto", "cpu"):
+        return "cpu"
+    raise InvalidParameterError("device", device, "auto or cpu (SCFL computes in numpy on the "
+                                "CPU; it has no GPU path)")
 
 
 def _check_methods(algorithms: str) -> None:

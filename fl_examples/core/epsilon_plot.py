@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,8 @@ def plot_vs_epsilon(out_dir: str | Path, curves: Mapping[str, Sequence[tuple[flo
             ys_all.append(row[key])
             ax.axhline(row[key], color="grey", ls="--", lw=1.2,
                        label=f"{name} (non-private, final)")
-    ax.set_xlabel(x_label)
+    # wrapped to the figure's width: a long label (SCFL's) is never cut at both ends
+    ax.set_xlabel(textwrap.fill(x_label, int(fig.get_figwidth() * 11)))
     ax.set_ylabel(y_label)
     ax.grid(alpha=0.3)
     tidy_axis(ax, xs_all, "x")

@@ -16,9 +16,12 @@ from typing import Any
 
 from privkit.errors import InvalidParameterError
 
-__all__ = ["MEASURES", "GUARANTEES", "RunPoint", "load_runs"]
+__all__ = ["MEASURES", "GUARANTEES", "EPSILON_STATISTICS", "RunPoint", "load_runs"]
 
-_EPSILON_CHOICES = ("mean", "max")
+#: Which per-run number a point takes (over the run's clients): ``max``, the worst-off
+#: client's (what the run can claim for every client; the default), or ``mean``.
+EPSILON_STATISTICS = ("max", "mean")
+_EPSILON_CHOICES = EPSILON_STATISTICS
 #: Privacy measures a report can carry: (epsilon, delta)-DP or MI-DP in nats.
 MEASURES = ("epsilon", "mi_dp_nats")
 #: A report's ``guarantee``, strongest first (docs/epsilon-covers.md).
@@ -58,12 +61,14 @@ class RunPoint:
     def private(self) -> bool:
         return self.privacy != "none"
 
-    def epsilon(self, which: str = "mean") -> float:
+    def epsilon(self, which: str = "max") -> float:
+        """The run's epsilon over its clients: ``max`` (the worst-off client's) or ``mean``."""
         _check_epsilon(which)
         return self.epsilon_mean if which == "mean" else self.epsilon_max
 
-    def value(self, which: str = "mean") -> float:
-        """The privacy number in this point's ``measure`` (epsilon or MI-DP nats)."""
+    def value(self, which: str = "max") -> float:
+        """The privacy number in this point's ``measure`` (epsilon or MI-DP nats), ``max``
+        (the worst-off client's) or ``mean`` over the run's clients."""
         _check_epsilon(which)
         if self.measure == "mi_dp_nats":
             return self.mi_dp_nats_mean if which == "mean" else self.mi_dp_nats_max
@@ -73,9 +78,11 @@ class RunPoint:
 # ---------------------------------------------------------------------------------- loading
 
 
-def _check_epsilon(which: Any) -> str:
+def _check_epsilon(which: Any, name: str = "epsilon") -> str:
+    """``which`` if it is a statistic of :data:`EPSILON_STATISTICS`, else an error naming
+    ``name`` (the library's ``epsilon=`` argument, the CLI's ``epsilon_statistic``)."""
     if which not in _EPSILON_CHOICES:
-        raise InvalidParameterError("epsilon", which, "'mean' or 'max'")
+        raise InvalidParameterError(name, which, "'max' (the worst-off client's) or 'mean'")
     return which
 
 

@@ -119,6 +119,7 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     if resume and out is None:
         raise InvalidParameterError("resume", True, "used with an output directory")
     ds = load_dataset(cfg)
+    cfg = cfg.for_clients(ds.num_clients)  # clients_per_round: min(30, N) unless given
     check_heldout(bool(set(names) & {"dprec", "dpfedavg"}), ds.has_heldout,
                   cfg.eval_client_data, cfg.dataset)
     n = ds.num_clients

@@ -61,8 +61,8 @@ def dprec_central_epsilon(cfg: DPRecConfig, num_clients: int, rounds: int,
     cfg = cfg.resolved(("dprec",), check=False)
     sigma = cfg.stddev if stddev is None else stddev
     ev = rec_run_event(noise_multiplier=sigma / cfg.l2_clip, num_candidates=1 << cfg.bits,
-                       population_size=num_clients, messages=rounds * cfg.clients_per_round,
-                       num_groups=num_groups)
+                       population_size=num_clients,
+                       messages=rounds * cfg.draws_per_round(num_clients), num_groups=num_groups)
     return _eps(ev.event, ev.count, cfg.delta)
 
 

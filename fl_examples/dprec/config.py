@@ -15,8 +15,8 @@ from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError
 from privkit.mechanisms import rec
 
-__all__ = ["ALGORITHMS", "RELATIONS", "DPRecConfig", "load_dataset", "relation_of",
-           "check_relation"]
+__all__ = ["ALGORITHMS", "RELATIONS", "DEFAULT_CLIENTS_PER_ROUND", "DPRecConfig",
+           "load_dataset", "relation_of", "check_relation"]
 
 
 #: dprec: DP-REC; dpfedavg: DP-FedAvg (client-level, Poisson sampling); fedavg: the
@@ -27,6 +27,9 @@ ADD_OR_REMOVE_ONE = NeighboringRelation.ADD_OR_REMOVE_ONE
 #: ``--relation`` values (neighbouring datasets differ in one whole client).
 RELATIONS = {"add-remove": ADD_OR_REMOVE_ONE, "replace-one": REPLACE_ONE}
 FLOAT_BITS = 32
+#: DP-REC's draws per round when ``clients_per_round`` is not given: ``min(30, N)``, every
+#: client of a federation of 30 or fewer (the paper gives no value).
+DEFAULT_CLIENTS_PER_ROUND = 30
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,9 @@ class DPRecConfig:
         clients: N for ``digits`` (other data sets bring their own client count).
         digits_classes: classes per client for ``digits`` (0: IID).
         model: ``logreg`` or ``cnn`` (a small CNN: 3 channels, one hidden layer of 100).
-        clients_per_round: |S'|, DP-REC's draws per round (with replacement).
+        clients_per_round: |S'|, DP-REC's draws per round (with replacement); None:
+            ``min(30, N)`` (:data:`DEFAULT_CLIENTS_PER_ROUND`, or every client of a smaller
+            federation), resolved when the data set is loaded.
         client_rate: q, DP-FedAvg's (and FedAvg's) Poisson rate: each client joins a round
             independently with probability q, in (0, 1]; None: ``clients_per_round / N``
             (the same expected participation as DP-REC).
@@ -85,7 +90,7 @@ class DPRecConfig:
     clients: int | None = None
     digits_classes: int | None = None
     model: str = "logreg"
-    clients_per_round: int = 30
+    clients_per_round: int | None = None
     client_rate: float | None = None
     rounds: int = 50
     bits: int | None = None
@@ -119,7 +124,8 @@ class DPRecConfig:
                 raise InvalidParameterError("digits_classes", d, "in [0, 10]")
         if self.model not in ("logreg", "cnn"):
             raise InvalidParameterError("model", self.model, "logreg or cnn")
-        _validate.positive_int("clients_per_round", self.clients_per_round)
+        if self.clients_per_round is not None:
+            _validate.positive_int("clients_per_round", self.clients_per_round)
         if self.client_rate is not None:
             _validate.probability("client_rate", self.client_rate)
         _validate.positive_int("rounds", self.rounds)
@@ -190,11 +196,26 @@ class DPRecConfig:
         new = {k: v for k, v in fill.items() if getattr(self, k) is None and applies[k]}
         return dataclasses.replace(self, **new) if new else self
 
+    def draws_per_round(self, num_clients: int) -> int:
+        """|S'|: ``clients_per_round``, else ``min(30, N)``."""
+        if self.clients_per_round is not None:
+            return int(self.clients_per_round)
+        return min(DEFAULT_CLIENTS_PER_ROUND, int(num_clients))
+
+    def for_clients(self, num_clients: int) -> DPRecConfig:
+        """This configuration with ``clients_per_round`` filled for a federation of
+        ``num_clients`` (what the run uses, and what the report records)."""
+        import dataclasses
+
+        if self.clients_per_round is not None:
+            return self
+        return dataclasses.replace(self, clients_per_round=self.draws_per_round(num_clients))
+
     def client_rate_for(self, num_clients: int) -> float:
         """q of DP-FedAvg and FedAvg: ``client_rate``, else ``clients_per_round / N``."""
         if self.client_rate is not None:
             return float(self.client_rate)
-        return min(1.0, self.clients_per_round / num_clients)
+        return min(1.0, self.draws_per_round(num_clients) / num_clients)
 
 
 def relation_of(cfg: DPRecConfig, algorithm: str) -> NeighboringRelation:
@@ -225,7 +246,7 @@ def load_dataset(cfg: DPRecConfig) -> FederatedDataset:
                     classes_per_client=cfg.digits_classes or None)
     else:
         ds = parse_dataset_spec(cfg.dataset, seed=cfg.seed)
-    if cfg.clients_per_round > ds.num_clients:
+    if cfg.clients_per_round is not None and cfg.clients_per_round > ds.num_clients:
         raise InvalidParameterError("clients_per_round", cfg.clients_per_round,
                                     f"at most the number of clients ({ds.num_clients})")
     return ds

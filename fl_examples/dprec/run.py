@@ -552,7 +552,7 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
     if algorithm == "dpfedavg" and z is None:
         raise InvalidParameterError("dpfedavg_noise", None, "given or calibrated")
     check_relation(cfg, algorithm)
-    cfg = cfg.resolved((algorithm,), check=False)
+    cfg = cfg.resolved((algorithm,), check=False).for_clients(ds.num_clients)
     ledger = None if algorithm == "fedavg" else _open_ledger(algorithm, cfg, out, resume)
     run = _Run(algorithm, cfg, ds, ledger, z, stddev)
     drive(run, checkpoints=checkpoint_dir(out, algorithm),

@@ -16,7 +16,9 @@ Intelligence* (arXiv 1912.07902), rebuilt as spec ``mapa.md`` describes:
   paper's step falls as 1/(tau+1)^2).
 - **AUDP**: a fixed clip G (``DeltaS = 2G/b``) and
   ``gamma_t = 1 / (2 L (tau+1) + sqrt(Delta_b t))``.
-- **MAPA**: Thm 3's first ``DeltaS = 2 sigma / (b sqrt(1 - sqrt(1 - delta)))``; per stage
+- **MAPA**: Thm 3's first ``DeltaS = 2 sigma / (b sqrt(1 - sqrt(1 - delta)))`` (delta:
+  ``theorem3_delta``, the paper's 1e-3 by default; a schedule constant, apart from the
+  ``delta`` every epsilon is reported at, 1e-5 by default); per stage
   ``P = max{1, 8 Delta_b / (theta^2 b^2 DeltaS^2 (tau+1))}``, ``gamma = 1/(2 L P (tau+1))``,
   ``T_s = ceil(4 L P^2 (tau+1)^2 R / Delta_b)``; then ``DeltaS <- theta DeltaS``,
   ``C_s = b DeltaS / 2``. ``Delta_b = sigma^2/b + Delta_0``, where ``Delta_0`` is the true
@@ -51,7 +53,11 @@ changes C, never z, so every upload of an edge is the same event), and each edge
 compose on privkit's PLD (method AUTO) at ``delta`` (default 1e-5); the epsilon assumes the
 batches' membership stays secret. ``noise_for_epsilon`` calibrates z so that every edge ends
 at most at that epsilon; ``noise_multiplier`` sets it. Both private algorithms then step with
-the constant ``lr`` (``step_schedule="auto"``).
+the constant ``lr`` (``step_schedule="auto"``). MAPA's stages start at ``clip`` and their
+lengths come from what a Gaussian upload's variance really is, ``min(sigma, C_s)^2 / b +
+d (z C_s / b)^2``, and from the step the run takes (``T_s = ceil(R / (L lr^2 Delta_b))``;
+:mod:`~fl_examples.mapa.schedule`). A MAPA run that ends inside its first stage says so (the
+report's ``stage_note``, one line of the final table).
 
 **Checkpoints.** With ``checkpoint_every = N`` and an output directory, the run's full state
 (model, every edge's pulled model, in-flight gradients, ready flags, upload counters, DeltaS of

@@ -35,11 +35,13 @@ from fl_examples.mapa.schedule import (
     MapaSchedule,
     _check_theta,
     noise_variance,
+    step_rule,
 )
 from privkit import _validate
 from privkit.errors import InvalidParameterError
 
-__all__ = ["ALGORITHMS", "SAMPLERS", "DEFAULT_DELTA", "DEFAULT_CLIP", "MapaConfig", "load_edges",
+__all__ = ["ALGORITHMS", "SAMPLERS", "DEFAULT_DELTA", "THEOREM3_DELTA", "DEFAULT_CLIP",
+           "MapaConfig", "load_edges",
            "check_edges_spec", "make_model"]
 
 ALGORITHMS = ("mapa", "audp", "asgd")
@@ -48,8 +50,14 @@ ALGORITHMS = ("mapa", "audp", "asgd")
 SAMPLERS = ("distinct", "poisson")
 
 
-DEFAULT_DELTA = {"l2": 1e-3, "l1": 1e-3, "gaussian": 1e-5}
-"""``delta`` when none is given: Thm 3's 1e-3 for the pure-DP noises, 1e-5 for Gaussian."""
+DEFAULT_DELTA = 1e-5
+"""``delta``, the delta of every reported epsilon, when none is given (as in every trainer)."""
+
+
+THEOREM3_DELTA = 1e-3
+"""Theorem 3's failure probability when none is given: the paper's testbed setting (spec
+``mapa.md`` section 9), which gives the Laplace noises' first clip C_0 = 1341.47 at sigma 30,
+b 24. A schedule constant: privkit clips every upload, so it is not a privacy parameter."""
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -73,8 +81,12 @@ class MapaConfig:
         updates: applied cloud updates T.
         epsilon: eps_k of every edge (one number), or one per edge (a tuple of K): the
             per-upload pure epsilon of ``l2`` / ``l1`` (unused by ``gaussian``).
-        delta: Thm 3's delta, also the delta every composed epsilon is reported at (None:
-            1e-3, or 1e-5 for ``gaussian``).
+        delta: the delta every composed epsilon (and ``epsilon_budget``) is reported at
+            (None or left out: 1e-5, as in every trainer; the paper reports per-upload pure
+            epsilons).
+        theorem3_delta: ``l2`` / ``l1`` only: Theorem 3's failure probability, which sets
+            MAPA's first clip C_0 = b DeltaS_0 / 2 (None: :data:`THEOREM3_DELTA`, the paper's
+            1e-3). A schedule constant, not a privacy parameter: every upload is clipped.
         theta, sigma, lipschitz, r0: MAPA's theta, sigma, L and R (testbed: 0.5, 30, 10, 50).
         tau_max: drop uploads staler than this, and use it in the step sizes; None: nothing is
             dropped and the step sizes use K - 1 (the mean staleness of K always-busy edges).
@@ -95,7 +107,8 @@ class MapaConfig:
         epsilon_budget: per-edge budget at ``delta``; the run stops before the first upload
             that would exceed it (None: no budget).
         target_loss: an extra absolute training-loss target for the comparison.
-        device: ``auto``, ``cpu`` or ``cuda[:N]``.
+        device: ``auto`` (the default, as in every trainer: CUDA when available), ``cpu`` or
+            ``cuda[:N]``.
         batched: compute pending uploads together (default); False: one at a time, through
             ``LaplaceGradientNoise.__call__`` (the reference path).
         batch_sampler: ``distinct`` (b distinct records per upload) or ``poisson`` (each
@@ -127,7 +140,8 @@ class MapaConfig:
     batch: int = 24
     updates: int = 2000
     epsilon: float | tuple[float, ...] = 1.0
-    delta: float | None = None
+    delta: float | None = DEFAULT_DELTA
+    theorem3_delta: float | None = None
     theta: float = 0.5
     sigma: float = 30.0
     lipschitz: float = 10.0
@@ -147,7 +161,7 @@ class MapaConfig:
     eval_every: int = 50
     epsilon_budget: float | None = None
     target_loss: float | None = None
-    device: str = "cpu"
+    device: str = "auto"
     batched: bool = True
     batch_sampler: str | None = None
     amplification: bool = False
@@ -164,8 +178,8 @@ class MapaConfig:
         if self.noise not in NOISE_CHOICES:
             raise InvalidParameterError("noise", self.noise, "l2, l1 or gaussian")
         gaussian = self.noise == "gaussian"
-        if self.delta is None:
-            object.__setattr__(self, "delta", DEFAULT_DELTA[self.noise])
+        if self.delta is None:  # (None: the default, as before)
+            object.__setattr__(self, "delta", DEFAULT_DELTA)
         if self.batch_sampler is None:
             object.__setattr__(self, "batch_sampler", "poisson" if gaussian else "distinct")
         k = _validate.positive_int("edges", self.edges)
@@ -180,6 +194,8 @@ class MapaConfig:
         else:
             object.__setattr__(self, "epsilon", _validate.positive("epsilon", eps))
         check_shared_settings(self)  # delta, budget, seed, eval/checkpoint grid
+        if self.theorem3_delta is not None:
+            _validate.delta("theorem3_delta", self.theorem3_delta)
         _check_theta(self.theta)
         _validate.positive("sigma", self.sigma)
         _validate.positive("lipschitz", self.lipschitz)
@@ -248,10 +264,25 @@ class MapaConfig:
                 "tails)")
         noise_variance(2.0 * clip / self.batch, eps0, 1, batch=self.batch, noise=self.noise,
                        variance=self.variance, noise_multiplier=z)  # AUDP's
-        MapaSchedule(sigma=self.sigma, batch=self.batch, delta=float(self.delta),  # type: ignore[arg-type]
+        MapaSchedule(sigma=self.sigma, batch=self.batch, delta=self.schedule_delta(),
                      epsilon0=eps0, lipschitz=self.lipschitz, r0=self.r0, tau=self.tau(),
                      theta=self.theta, dim=1, noise=self.noise, variance=self.variance,
-                     noise_multiplier=z, initial_clip=self.clip).stage(0)
+                     noise_multiplier=z, initial_clip=self.clip,
+                     step=self.stage_step()).stage(0)
+
+    def schedule_delta(self) -> float:
+        """Theorem 3's failure probability MAPA's schedule uses (unused by ``gaussian``,
+        whose first clip is ``clip``)."""
+        return float(THEOREM3_DELTA if self.theorem3_delta is None else self.theorem3_delta)
+
+    def stage_step(self) -> float | None:
+        """The step MAPA's stage lengths are computed for (``MapaSchedule(step=...)``): ``lr``
+        in the Gaussian mode when MAPA steps with it (``step_schedule`` ``constant`` or
+        ``auto``), else None (each stage's own gamma, the paper's schedule)."""
+        if self.noise == "gaussian" and step_rule(self.step_schedule, "mapa",
+                                                  self.noise) == "constant":
+            return float(self.lr)
+        return None
 
     def _check_gaussian(self) -> None:
         """The Gaussian mode's settings: Poisson batches, z given or calibrated, not both."""
@@ -261,6 +292,11 @@ class MapaConfig:
                     raise InvalidParameterError(name, getattr(self, name),
                                                 "used only with noise='gaussian'")
             return
+        if self.theorem3_delta is not None:
+            raise InvalidParameterError(
+                "theorem3_delta", self.theorem3_delta, "left out with noise='gaussian' "
+                "(Theorem 3 sets the Laplace noises' first clip; the Gaussian mode starts at "
+                "clip)")
         if self.batch_sampler != "poisson":
             raise InvalidParameterError(
                 "batch_sampler", self.batch_sampler,

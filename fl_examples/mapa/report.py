@@ -18,9 +18,11 @@ from fl_examples.core.report import (
 )
 from fl_examples.mapa.config import MapaConfig
 from fl_examples.mapa.privacy import privacy_section
+from fl_examples.mapa.schedule import step_rule
+from privkit.errors import InvalidParameterError
 
 __all__ = ["TARGET_FRACTIONS", "report_entry", "updates_to_loss", "final_table",
-           "figure_settings"]
+           "figure_settings", "single_stage_note"]
 
 TARGET_FRACTIONS = (0.95, 0.9, 0.75, 0.5)
 """Loss targets of the comparison, as fractions of the initial model's training loss."""
@@ -48,6 +50,9 @@ def report_entry(run: Any) -> dict[str, Any]:
     }
     if run.mapa is not None:
         out["stages"] = [s.to_dict() for s in run.mapa.stages_through(max(run.applied, 1))]
+        if len(out["stages"]) == 1:  # the run ended inside stage 0: say so, and what follows
+            out["stage_note"] = single_stage_note(run)
+            out["stages_after_run"] = _planned(run.mapa, 2)
     if run.diverged:
         out["diverged"] = run.diverged
     if run.private:
@@ -58,6 +63,33 @@ def report_entry(run: Any) -> dict[str, Any]:
                            dataset_description=getattr(run, "dataset_description", None))
         out["privacy"] = p
     return out
+
+
+def _planned(schedule: Any, count: int) -> list[dict[str, Any]]:
+    """The ``count`` stages after stage 0, as far as they are numbers (a schedule whose
+    DeltaS or step size underflows further on stops there)."""
+    out = []
+    for i in range(1, count + 1):
+        try:
+            out.append(schedule.stage(i).to_dict())
+        except InvalidParameterError:
+            break
+    return out
+
+
+def single_stage_note(run: Any) -> str:
+    """One line for a MAPA run that never left its first stage: the stage's length against
+    the run's, the clip every update used, and whether MAPA was then AUDP."""
+    cfg, first = run.cfg, run.mapa.stage(0)
+    same_as_audp = (cfg.noise == "gaussian" and run.step_rule == "constant"
+                    and step_rule(cfg.step_schedule, "audp", cfg.noise) == "constant")
+    audp_clip = cfg.clip if cfg.noise == "gaussian" else cfg.audp_clip
+    return (f"MAPA's schedule does not switch stage within this run: stage 0 lasts T_0 = "
+            f"{first.length} updates, the run {run.applied}, so every update used the first "
+            f"clip C_0 = {first.clip:.4g}"
+            + (" and MAPA is AUDP here (the same clip, step, batches and noise)"
+               if same_as_audp else f" (AUDP's fixed clip is {audp_clip:g})")
+            )
 
 
 def _step_description(run: Any) -> dict[str, Any]:
@@ -177,11 +209,19 @@ def _plot_extras(out: Path, schedule: Schedule, end: int,
                  fontsize=9)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     save_figure(fig, out / "staleness.png", text)
-    if stages:
+    mapa = algs.get("mapa") or {}
+    if stages and len(stages) == 1:
+        _plot_one_stage(out, stages[0], mapa.get("stages_after_run", []),
+                        mapa.get("updates", 0), text)
+    elif stages:
         fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
         idx = [s["index"] for s in stages]
         step = (algs.get("mapa") or {}).get("step_size", {})
-        for ax, (key, label) in zip(axes, _SCHEDULE_PANELS):
+        lr = stages[0].get("step")  # the lengths are for this constant step (Gaussian mode)
+        panels = _SCHEDULE_PANELS if lr is None else (
+            _SCHEDULE_PANELS[0], ("delta_b", r"$\Delta_b$ (variance bound of an upload)"),
+            ("length", rf"$T_s$ (updates in stage $s$, for the step lr = {lr:g})"))
+        for ax, (key, label) in zip(axes, panels):
             values = [float(s[key]) for s in stages]
             ax.plot(idx, values, "o-")
             spread = max(values) / min(values) if min(values) > 0 else 1.0
@@ -189,8 +229,10 @@ def _plot_extras(out: Path, schedule: Schedule, end: int,
                 ax.set_yscale("log")
             if len(values) <= 6:
                 for i, v in zip(idx, values):
+                    last = i == idx[-1] and len(idx) > 1  # leftwards, inside the axes
                     ax.annotate(f"{v:.4g}", (i, v), textcoords="offset points",
-                                xytext=(4, 6), fontsize=8)
+                                xytext=(-4 if last else 4, 6), fontsize=8,
+                                ha="right" if last else "left")
             if key == "gamma" and step.get("schedule") == "constant":
                 label += f"\n(the paper's; this run steps with lr = {step.get('lr', '?')})"
             ax.set_ylabel(label)
@@ -212,6 +254,46 @@ def _plot_extras(out: Path, schedule: Schedule, end: int,
         plot_vs_epsilon(out, curves, references=refs, text=text,
                         labels={n: legend_label(n, algs[n]) for n in curves},
                         x_label=f"ε after each evaluation, cumulative (max over edges{delta})")
+
+
+def _plot_one_stage(out: Path, first: dict[str, Any], after: list[dict[str, Any]],
+                    updates: int, text: Any) -> None:
+    """``schedule.png`` of a run that never left stage 0: not three one-point panels but the
+    clip C_s against the update number for stage 0 and the stages planned after it, the
+    run's end marked, each stage's T_s and gamma_s written on it."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
+    stages = [first, *after]
+    for st in stages:
+        lo, hi = st["start"], st["start"] + st["length"]
+        ax.hlines(st["clip"], lo, hi, lw=2.5, color="C0" if st["index"] == 0 else "C7",
+                  ls="-" if st["index"] == 0 else "--")
+        last = st is stages[-1]  # written leftwards from its end, inside the axes
+        ax.annotate(f"stage {st['index']}: $C_{st['index']}$ = {st['clip']:.4g}, "
+                    f"$T_{st['index']}$ = {st['length']}, "
+                    + (f"$\\gamma$ = {st['gamma']:.3g}" if st.get("step") is None
+                       else f"step lr = {st['step']:g}"),
+                    (hi if last else lo, st["clip"]), textcoords="offset points",
+                    xytext=(-2 if last else 2, 5), ha="right" if last else "left", fontsize=8)
+    ax.axvline(max(updates, 1), color="C3", lw=1.5)
+    ax.annotate(f"this run ends: update {updates}", (max(updates, 1), first["clip"] / 2),
+                textcoords="offset points", xytext=(-4, 0), ha="right", fontsize=8,
+                color="C3")
+    end = stages[-1]["start"] + stages[-1]["length"]
+    if end / max(min(updates, first["start"]), 1) > 50:  # stages span decades of updates
+        ax.set_xscale("log")
+    ax.set_xlim(1, end * 1.2)
+    ax.set_yscale("log", base=2)
+    ax.set_ylim(stages[-1]["clip"] / 2, first["clip"] * 2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("applied update $t$")
+    ax.set_ylabel(r"clip $C_s = b\,\Delta S_s / 2$ (log axis)")
+    ax.set_title("MAPA never left stage 0: every update used $C_0$ (dashed: the stages "
+                 "planned after it)", fontsize=9)
+    ax.grid(alpha=0.3)
+    save_figure(fig, out / "schedule.png", text)
 
 
 _COLUMNS = (Column("algorithm", 9), Column("updates", 7), Column("train loss", 10, ".4f"),
@@ -262,6 +344,7 @@ def final_table(result: dict[str, Any]) -> str:
                 f"{p['per_update_epsilon_paper']['max']:g}; uploads per edge "
                 f"{p['uploads_min']}..{p['uploads_max']} (mean {p['uploads_mean']:.1f})"
                 + (f"\n  {p['stopped']}" if "stopped" in p else ""))
+    notes += [f"{name}: {r['stage_note']}" for name, r in algs.items() if "stage_note" in r]
     comp = result["comparison"]
     what = "a held-out" if comp.get("loss") == "heldout_loss" else "a training"
     cmp_lines = [f"updates to reach {what} loss (initial {comp['initial_loss']:.4f}):"]

@@ -101,10 +101,11 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
         tau = cfg.tau()
         self.step_rule = step_rule(cfg.step_schedule, algorithm, cfg.noise)
         self.mapa = MapaSchedule(
-            sigma=cfg.sigma, batch=cfg.batch, delta=cfg.delta, epsilon0=float(self.eps.min()),
+            sigma=cfg.sigma, batch=cfg.batch, delta=cfg.schedule_delta(),
+            epsilon0=float(self.eps.min()),
             lipschitz=cfg.lipschitz, r0=cfg.r0, tau=tau, theta=cfg.theta, dim=self.dim,
             noise=cfg.noise, variance=cfg.variance, noise_multiplier=self._z_for_steps(),
-            initial_clip=cfg.clip) if algorithm == "mapa" else None
+            initial_clip=cfg.clip, step=cfg.stage_step()) if algorithm == "mapa" else None
         self.audp_clip = cfg.clip if cfg.noise == "gaussian" else cfg.audp_clip
         self.audp_delta_s = 2.0 * self.audp_clip / cfg.batch
         self.audp_delta_b = cfg.sigma**2 / cfg.batch + noise_variance(

@@ -99,11 +99,39 @@ def _settings(config: dict[str, Any]) -> str:
     elif isinstance(value, (int, float)):
         value = f"{value:.3g}"
     text = f"{kind} privacy, {noise[0]} {value}"
+    if kind == "client" and c.get("mechanism") == "bandmf":
+        text = f"client privacy, {banded_mf_setting(c)}, {noise[0]} {value}"
     if kind in ("client", "record") and c.get("l2_clip_norm") is not None:
         text += f", clip {c['l2_clip_norm']:g}"
     if c.get("noise_for_epsilon") is not None:
         text += f" (calibrated to epsilon {c['noise_for_epsilon']:g})"
     return ", ".join([text, *parts])
+
+
+#: What each banded-MF participation is called in a figure, and the relation it is priced
+#: under (:attr:`fl_examples.core.banded.BandedPlan.neighboring_relation`).
+_PARTICIPATION = {"minsep": ("min-separation participation", "zero-out"),
+                  "cyclic": ("cyclic participation", "add/remove one client"),
+                  "poisson": ("cyclic Poisson participation", "add/remove one client")}
+
+
+def banded_mf_setting(config: dict[str, Any]) -> str:
+    """A banded-MF run's mechanism, participation and neighbouring relation, as its figures'
+    titles name them: ``banded MF (8 bands), min-separation participation (s = 8, client
+    rate 0.1), zero-out relation``."""
+    c = config
+    bands = c.get("bands") or 4
+    name, relation = _PARTICIPATION.get(c.get("participation") or "minsep",
+                                        (str(c.get("participation")), "?"))
+    if (c.get("participation") or "minsep") == "minsep":
+        detail = f"s = {c.get('min_separation') or bands}"
+    else:
+        detail = f"{c.get('groups') or bands} groups"
+    rate = c.get("client_rate") if c.get("client_rate") is not None else c.get("fraction")
+    if isinstance(rate, (int, float)) and c.get("participation") != "cyclic":
+        detail += f", client rate {rate:g}"
+    return (f"banded MF ({bands} band{'s' if bands != 1 else ''}), {name} ({detail}), "
+            f"{relation} relation")
 
 
 def _plot_vs_epsilon(out: Path, config: dict[str, Any], results: dict[str, Any]) -> None:

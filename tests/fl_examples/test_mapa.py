@@ -39,7 +39,8 @@ from privkit.cli import main
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.ledger import Ledger
 
-SMALL = dict(dataset="digits", edges=8, batch=16, updates=120, eval_every=40, seed=3)
+SMALL = dict(dataset="digits", edges=8, batch=16, updates=120, eval_every=40, seed=3,
+             delta=1e-3)  # the epsilons below are priced at this delta (the default is 1e-5)
 TESTBED = dict(sigma=30, batch=24, delta=1e-3, epsilon0=1, lipschitz=10, r0=50, tau=3, theta=0.5)
 
 

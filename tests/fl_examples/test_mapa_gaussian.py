@@ -161,7 +161,8 @@ def test_ledger_charges_each_upload_and_dp_accounting_agrees(digits8):
 def test_stages_change_the_clip_but_not_the_charged_event(tmp_path, digits8):
     # a huge first clip makes MAPA's stages short: several stages within 120 updates
     cfg = MapaConfig(**(SMALL | {"sigma": 0.01}), noise_multiplier=1.0, clip=1000.0,
-                     lr=1e-6)  # (a tiny step: such a clip's noise would blow the model up)
+                     step_schedule="paper")  # (the paper's tiny step: such a clip's noise
+    # would blow the model up with lr; the stage lengths are then the paper's for its step)
     res = run_algorithm("mapa", cfg, dataset=digits8, out=tmp_path)
     stages = res["stages"]
     assert len(stages) >= 3
@@ -335,7 +336,97 @@ def test_gaussian_only_settings_are_refused_with_the_pure_noises(kw, name):
 
 def test_pure_modes_keep_their_defaults():
     cfg = MapaConfig()
-    assert (cfg.delta, cfg.batch_sampler, cfg.clip) == (1e-3, "distinct", None)
+    assert (cfg.delta, cfg.batch_sampler, cfg.clip) == (1e-5, "distinct", None)
+    # Theorem 3's failure probability stays the paper's 1e-3 (C_0 = 1341.47 at sigma 30,
+    # b 24): a schedule constant, apart from the delta every epsilon is reported at
+    assert (cfg.theorem3_delta, cfg.schedule_delta(), cfg.device) == (None, 1e-3, "auto")
+    assert MapaConfig(theorem3_delta=1e-5).schedule_delta() == 1e-5
     g = MapaConfig(noise="gaussian")
     assert (g.delta, g.batch_sampler, g.clip) == (1e-5, "poisson", 1.0)
     assert math.isclose(MapaConfig(noise="gaussian", delta=1e-6).delta, 1e-6)
+    with pytest.raises(InvalidParameterError, match="theorem3_delta"):
+        MapaConfig(noise="gaussian", theorem3_delta=1e-3)  # its first clip is clip
+    with pytest.raises(InvalidParameterError, match="theorem3_delta"):
+        MapaConfig(theorem3_delta=1.5)
+
+
+def test_gaussian_stage_lengths_come_from_the_uploads_variance_and_the_step():
+    """The Gaussian mode's Delta_b bounds what an upload really varies by (a Poisson sum of
+    gradients clipped to C_s, over b: sampling <= C_s^2 / b, noise d (z C_s / b)^2), and a
+    stage lasts R / (L step^2 Delta_b) updates for the step the run takes: the default digits
+    run's first stage is 428 updates (4 944 445 with the testbed's sigma and gamma)."""
+    from fl_examples.mapa.schedule import MapaSchedule
+
+    common = dict(sigma=30, batch=24, delta=1e-5, epsilon0=1, lipschitz=10, r0=50, tau=29,
+                  theta=0.5, dim=650, noise="gaussian", noise_multiplier=1.0, initial_clip=1.0)
+    s = MapaSchedule(**common, step=0.1)
+    first, second = s.stage(0), s.stage(1)
+    assert first.delta_b == pytest.approx(1.0**2 / 24 + 650 * (1.0 / 24) ** 2)
+    assert first.length == math.ceil(50 / (10 * 0.1**2 * first.delta_b)) == 428
+    assert (second.start, second.clip, second.step) == (429, 0.5, 0.1)
+    assert second.delta_b == pytest.approx(first.delta_b / 4)  # both terms scale with C_s^2
+    assert second.length == 1710 and s.for_update(2000).index == 1  # a default run switches
+    # the paper's step: the paper's length, which is R / (L gamma^2 Delta_b) for its gamma
+    paper = MapaSchedule(**common).stage(0)
+    assert paper.step is None and paper.delta_b == first.delta_b
+    assert paper.length == math.ceil(4 * 10 * paper.p**2 * 30**2 * 50 / paper.delta_b)
+    assert paper.length == math.ceil(50 / (10 * paper.gamma**2 * paper.delta_b) - 1e-6)
+    # the sampling term is sigma^2 / b while sigma is below the clip, and for the Laplace noises
+    assert MapaSchedule(**(common | {"sigma": 0.5})).stage(0).delta_b == pytest.approx(
+        0.25 / 24 + 650 / 576)
+    l2 = MapaSchedule(sigma=30, batch=24, delta=1e-3, epsilon0=1, lipschitz=10, r0=50, tau=3,
+                      theta=0.5, dim=4380).stage(0)
+    assert l2.delta_b == pytest.approx(900 / 24 + l2.delta_0)
+    # the trainer passes lr exactly when MAPA steps with it in the Gaussian mode
+    assert MapaConfig(noise="gaussian").stage_step() == 0.1
+    assert MapaConfig(noise="gaussian", step_schedule="paper").stage_step() is None
+    assert MapaConfig(step_schedule="constant").stage_step() is None  # Laplace: the paper's
+
+
+def _spy_figures(monkeypatch) -> dict:
+    from matplotlib.figure import Figure
+
+    seen: dict = {}
+    original = Figure.savefig
+
+    def spy(fig, path, *a, **k):
+        seen[str(path).rsplit("/", 1)[-1]] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title())
+                                              for ax in fig.get_axes()]
+        return original(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
+
+
+def test_a_run_inside_stage_0_says_so_and_draws_the_planned_stages(tmp_path, digits8,
+                                                                    monkeypatch, capsys):
+    seen = _spy_figures(monkeypatch)
+    cfg = MapaConfig(**SMALL, noise_multiplier=1.0)  # T_0 = 193 > 120 updates
+    res = train(cfg, algorithms=("mapa", "audp"), out=tmp_path / "one")
+    mapa = res["algorithms"]["mapa"]
+    assert len(mapa["stages"]) == 1 and mapa["stages"][0]["length"] == 193
+    note = mapa["stage_note"]
+    assert "does not switch stage" in note and "T_0 = 193" in note and "the run 120" in note
+    assert "MAPA is AUDP here" in note
+    assert torch.equal(mapa["_model"], res["algorithms"]["audp"]["_model"])
+    assert [s["index"] for s in mapa["stages_after_run"]] == [1, 2]
+    body = json.loads((tmp_path / "one" / "report.json").read_text())
+    assert body["algorithms"]["mapa"]["stage_note"] == note
+    lines = [ln for ln in final_table(res).splitlines() if "does not switch" in ln]
+    assert lines == [f"mapa: {note}"]  # one line
+    # not three one-point panels: the clip against the update, the run's end marked
+    ((x, y, title),) = seen["schedule.png"]
+    assert x == "applied update $t$" and "clip" in y and "never left stage 0" in title
+    # a noisier run switches stages within the run: no note, three panels per stage
+    seen.clear()
+    cfg = MapaConfig(**SMALL, noise_multiplier=3.0)
+    res = train(cfg, algorithms=("mapa", "audp"), out=tmp_path / "many")
+    mapa = res["algorithms"]["mapa"]
+    assert len(mapa["stages"]) >= 3 and "stage_note" not in mapa
+    assert [s["clip"] for s in mapa["stages"][:3]] == [1.0, 0.5, 0.25]
+    assert not torch.equal(mapa["_model"], res["algorithms"]["audp"]["_model"])
+    assert len(seen["schedule.png"]) == 3
+    assert "for the step lr = 0.1" in seen["schedule.png"][2][1]
+    # the Laplace modes say so too (their first clip is Theorem 3's, not AUDP's)
+    laplace = run_algorithm("mapa", MapaConfig(**(SMALL | {"noise": "l2"})), dataset=digits8)
+    assert "AUDP's fixed clip is 4" in laplace["stage_note"]

@@ -28,7 +28,7 @@ from privkit.ledger import Ledger
 
 WALL = frozenset({"wall_time_s", "client_compute_s"})  # the only wall-clock fields
 BASE = dict(dataset="digits", edges=8, batch=16, updates=120, eval_every=20, seed=3,
-            checkpoint_every=15, epsilon=(1.0, 2.0) * 4)
+            checkpoint_every=15, epsilon=(1.0, 2.0) * 4, delta=1e-3)
 
 
 @pytest.fixture(autouse=True)

@@ -95,3 +95,57 @@ def test_bad_algorithms_name_the_flag(value, why):
 def test_both_spellings_together_are_refused():
     with pytest.raises(InvalidParameterError, match="algorithms"):
         split_algorithms("upcycled", "fedavg", None, ("upcycled",))
+
+
+@pytest.mark.parametrize("trainer", ["upcycled", "mapa", "scfl", "dprec"])
+def test_every_trainer_takes_device_with_one_default(trainer):
+    p = PARSERS[trainer]
+    assert any(VOCABULARY["device"][0] in a.option_strings for a in p._actions)
+    assert p.parse_args([]).device == "auto"
+    assert p.parse_args(["--device", "cpu"]).device == "cpu"
+
+
+def test_scfl_runs_on_the_cpu_and_refuses_a_gpu_in_one_line(tmp_path, capsys):
+    from fl_examples.commands.scfl import check_device
+    from privkit.cli import main
+
+    assert check_device("auto") == check_device("cpu") == check_device("CPU") == "cpu"
+    with pytest.raises(InvalidParameterError, match="device"):
+        check_device("cuda:0")
+    code = main(["train", "scfl", "--device", "cuda", "--rounds", "1", "--out",
+                 str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["privkit: error: --device must be auto or cpu (SCFL computes "
+                                 "in numpy on the CPU; it has no GPU path), got 'cuda'"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("trainer", ["mapa", "scfl", "dprec"])
+def test_delta_defaults_to_1e_5(trainer):
+    assert PARSERS[trainer].parse_args([]).delta == 1e-5
+
+
+def test_mapa_keeps_the_papers_theorem3_delta_under_its_own_flag():
+    p = PARSERS["mapa"]
+    assert p.parse_args([]).theorem3_delta is None  # MapaConfig: the paper's 1e-3
+    assert p.parse_args(["--theorem3-delta", "1e-3"]).theorem3_delta == 1e-3
+    text = " ".join(p.format_help().split())
+    assert "default 1e-3, the paper's testbed setting" in text
+    assert "the delta of every reported epsilon" in text and "(default 1e-5, as in every" in text
+
+
+def test_dprec_clients_per_round_follows_the_clients(tmp_path):
+    from fl_examples.commands.dprec import prepare
+    from fl_examples.dprec import DPRecConfig
+
+    p = PARSERS["dprec"]
+    assert p.parse_args([]).clients_per_round is None
+    assert "min(30, N)" in " ".join(p.format_help().split())
+    # --clients 20 alone is a run (it was "--clients-per-round must be at most 20")
+    args = p.parse_args(["--clients", "20", "--out", str(tmp_path / "run")])
+    args.trainer, args.secure_noise, args.eval_client_data = "dprec", False, False
+    assert callable(prepare(args)) and not (tmp_path / "run").exists()
+    assert DPRecConfig(clients=20).for_clients(20).clients_per_round == 20
+    assert DPRecConfig().for_clients(100).clients_per_round == 30
+    assert DPRecConfig(clients_per_round=4).for_clients(100).clients_per_round == 4
+    assert DPRecConfig(clients=20).client_rate_for(20) == 1.0

@@ -60,6 +60,29 @@ def test_calibrate_by_epochs_is_calibrate_by_the_equivalent_steps(capsys):
     assert text.splitlines()[1].strip().startswith("- z = stddev / C")
 
 
+def test_epsilon_by_epochs_is_epsilon_of_the_equivalent_steps(capsys):
+    """``privkit epsilon gaussian`` takes a run as ``calibrate`` does: --steps or --epochs,
+    --sampling-probability or --batch-size with --dataset-size (q = B / N, the faithful rate:
+    Opacus's loader would use 1 / ceil(N / B))."""
+    common = ["epsilon", "gaussian", "--noise-multiplier", "1.0", "--delta", "1e-5", "--json"]
+    outs = [json.loads(run(common + extra, capsys)[1]) for extra in (
+        ["--steps", "120", "--sampling-probability", repr(64 / 1500)],
+        ["--epochs", "5", "--sampling-probability", repr(64 / 1500)],
+        ["--epochs", "5", "--batch-size", "64", "--dataset-size", "1500"])]
+    assert [(o["steps"], o["sampling_probability"]) for o in outs] == [(120, 64 / 1500)] * 3
+    assert len({o["epsilon"] for o in outs}) == 1
+    assert outs[0]["epsilon"] == pytest.approx(3.22685, abs=1e-5)
+    assert outs[2]["epochs"] == 5 and "epochs" not in outs[0]
+    opacus = json.loads(run(common + ["--steps", "120", "--sampling-probability",
+                                      repr(1 / 24)], capsys)[1])  # q = 1 / len(loader)
+    assert opacus["epsilon"] == pytest.approx(3.15105, abs=1e-5)
+    code, text, _ = run(common[:-1] + ["--epochs", "5", "--batch-size", "64",
+                                       "--dataset-size", "1500"], capsys)
+    assert code == 0 and text.splitlines()[0].endswith("; 120 steps at q=0.0426667")
+    code, text, _ = run(common[:-1] + ["--steps", "120"], capsys)  # a run by steps: as before
+    assert code == 0 and "steps at q" not in text
+
+
 def test_calibrate_with_the_relation_epsilon_uses(capsys):
     common = ["--delta", "1e-5", "--sampling-probability", "0.05", "--json"]
     cal = json.loads(run(["calibrate", "gaussian", "--target-epsilon", "2", "--steps", "100",
@@ -113,6 +136,15 @@ def test_text_output_mentions_assumptions(capsys):
     (["epsilon", "gaussian", "--steps", "10", "--delta", "1e-5"], "noise-multiplier"),
     (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--steps", "10",
       "--epochs", "3"], "--epochs"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--delta", "1e-5", "--steps", "10",
+      "--epochs", "3"], "--epochs"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--delta", "1e-5"], "--epochs"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--delta", "1e-5", "--epochs", "nan"],
+     "--epochs"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--delta", "1e-5", "--epochs", "2",
+      "--batch-size", "700", "--dataset-size", "600"], "--batch-size"),
+    (["epsilon", "gaussian", "--noise-multiplier", "1", "--delta", "1e-5", "--epochs", "2",
+      "--batch-size", "70"], "--dataset-size"),
     (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5"], "--epochs"),
     (["calibrate", "gaussian", "--target-epsilon", "8", "--delta", "1e-5", "--epochs", "nan"],
      "--epochs"),

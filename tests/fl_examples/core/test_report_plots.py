@@ -15,6 +15,7 @@ from PIL import Image
 import privkit
 from fl_examples.core.epsilon_plot import epsilon_by_round, thin
 from fl_examples.core.report import legend_label, plot_histories, privacy_summary, tidy_axis
+from fl_examples.mapa import MapaConfig
 from privkit.ledger import Ledger
 
 
@@ -142,12 +143,34 @@ def test_dprec_bits_start_at_the_first_evaluation_that_sent_bits() -> None:
     assert body["algorithms"]["dprec"]["history"][0]["cumulative_bits"] == 0  # not drawn
 
 
-def test_mapa_schedule_has_maths_labels_and_readable_axes() -> None:
-    axes = _figures(quick_runs()["mapa-pure"])["schedule.png"]
-    labels = [ax.ylabel for ax in axes]
+def test_mapa_schedule_has_maths_labels_and_readable_axes(tmp_path, monkeypatch) -> None:
+    # the quick runs never leave stage 0: one panel, the clip against the update number
+    for name in ("mapa-pure", "mapa-gaussian"):
+        assert "stage_note" in _report(quick_runs()[name])["algorithms"]["mapa"]
+        (ax,) = _figures(quick_runs()[name])["schedule.png"]
+        assert ax.xlabel == "applied update $t$" and ax.xscale == "log"
+        assert r"$C_s = b\,\Delta S_s / 2$" in ax.ylabel and "DeltaS_s" not in ax.ylabel
+    # a run with several stages: three panels against the stage
+    from matplotlib.figure import Figure
+
+    from fl_examples.core.asyncsim import simulate
+    from fl_examples.mapa.report import _plot_extras
+    from fl_examples.mapa.schedule import MapaSchedule
+
+    seen = []
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, *a, **k: seen.append(
+        (str(path), [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.get_axes()]))
+        or original(fig, path, *a, **k))
+    sched = MapaSchedule(sigma=30, batch=24, delta=1e-3, epsilon0=1, lipschitz=10, r0=50,
+                         tau=3, theta=0.5, dim=4380, variance="paper")
+    stages = [sched.stage(i).to_dict() for i in range(4)]
+    _plot_extras(tmp_path, simulate(4, 20, MapaConfig().timing(), seed=0), 20, stages)
+    (axes,) = [a for path, a in seen if path.endswith("schedule.png")]
+    labels = [y for _, y in axes]
     assert labels[0].startswith(r"$\Delta S_s$") and r"$C_s = b\,\Delta S_s / 2$" in labels[0]
     assert labels[1].startswith(r"$\gamma_s$") and labels[2].startswith("$T_s$")
-    assert all(ax.xlabel == "stage $s$" for ax in axes)
+    assert all(x == "stage $s$" for x, _ in axes)
     assert "DeltaS_s" not in " ".join(labels)  # no ASCII pseudo-maths
 
 
@@ -200,3 +223,30 @@ def test_tidy_axis_leaves_real_spreads_alone() -> None:
     lo, hi = ax.get_ylim()
     assert hi - lo > 0.3
     plt.close(fig)
+
+
+def test_a_long_x_label_is_wrapped_inside_the_figure(tmp_path, monkeypatch) -> None:
+    """SCFL's x label (the client gradients' epsilon, what it leaves out) is longer than the
+    figure is wide: it is wrapped, never cut at both ends."""
+    from matplotlib.figure import Figure
+
+    from fl_examples.core.epsilon_plot import plot_vs_epsilon
+
+    seen = []
+    original = Figure.savefig
+
+    def spy(fig, *a, **k):
+        fig.canvas.draw()
+        label = fig.get_axes()[0].xaxis.label
+        seen.append((label.get_text(), label.get_window_extent(), fig.bbox))
+        return original(fig, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    text = ("client gradients' ε after each evaluation, cumulative (max over clients, "
+            "δ = 1e-05; the coded upload is not in it)")
+    rows = [{"heldout_accuracy": 0.5}, {"heldout_accuracy": 0.6}]
+    assert plot_vs_epsilon(tmp_path, {"a": [(1.0, rows[0]), (2.0, rows[1])]}, x_label=text,
+                           text=None) is not None
+    ((drawn, box, fig),) = seen
+    assert drawn.replace("\n", " ") == text and "\n" in drawn
+    assert fig.x0 <= box.x0 and box.x1 <= fig.x1

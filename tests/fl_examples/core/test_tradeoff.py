@@ -107,7 +107,7 @@ def test_load_runs(sweep: list[Path]) -> None:
 
 
 def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
-    rows = tradeoff_table(load_runs(sweep))
+    rows = tradeoff_table(load_runs(sweep), epsilon="mean")
     out_rows = [r for r in rows if r["privacy"] == "output"]
     assert len(rows) == 2 * 3 + 2 and len(out_rows) == 6
     for alg in ALGS:
@@ -138,8 +138,8 @@ def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
     assert obj["proven"] is False and obj["epsilon"] == 3.0
     assert obj["guarantee"] == "not proven"
 
-    # epsilon="max" uses each run's epsilon_max
-    rows_max = tradeoff_table(load_runs(sweep), epsilon="max")
+    # the default is each run's epsilon_max: the worst-off client's
+    rows_max = tradeoff_table(load_runs(sweep))
     r = next(r for r in rows_max if r["algorithm"] == "upcycled" and r["privacy"] == "output"
              and r["setting"] == {"noise": 1.0})
     assert r["epsilon"] == pytest.approx(2 * sum(_eps(1.0, s) for s in SEEDS) / 3)
@@ -147,7 +147,8 @@ def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
     assert math.isinf(next(r for r in rows_max if r["privacy"] == "objective")["epsilon"])
 
     # ignoring fewer keys splits the points (device differs between seeds)
-    split = tradeoff_table(load_runs(sweep), ignore=IGNORED_CONFIG_KEYS - {"device"})
+    split = tradeoff_table(load_runs(sweep), epsilon="mean",
+                           ignore=IGNORED_CONFIG_KEYS - {"device"})
     assert len([r for r in split if r["privacy"] == "output"]) == 12
     with pytest.raises(InvalidParameterError, match="epsilon"):
         tradeoff_table(load_runs(sweep), epsilon="median")
@@ -157,6 +158,23 @@ def test_tradeoff_table_aggregates_over_seeds(sweep: list[Path]) -> None:
     assert "inf" in text
     header = text.splitlines()[0]  # the columns say which metric they hold
     assert "test acc" in header and "train loss" in header and "guarantee" in header
+    assert "epsilon (mean over clients)" in header
+    assert "epsilon (max over clients)" in format_table(rows_max).splitlines()[0]
+    assert "worst-off client's" in format_table(rows_max)
+
+
+def test_none_valued_settings_are_not_labels(tmp_path: Path) -> None:
+    """A key that varies along a curve only by being unset in one run labels the other
+    point, never ``key=None``."""
+    base = {"dataset": "d", "privacy": "client", "seed": 0}
+    a = _write(tmp_path / "a", base | {"noise": 1.0, "client_rate": None},
+               {"x": (0.5, 1.0, _privacy(1.0))})
+    b = _write(tmp_path / "b", base | {"noise": 2.0, "client_rate": 0.1},
+               {"x": (0.4, 1.1, _privacy(0.5))})
+    rows = tradeoff_table(load_runs([a, b]))
+    assert [r["label"] for r in rows] == ["client_rate=0.1, noise=2", "noise=1"]
+    assert rows[1]["setting"] == {"client_rate": None, "noise": 1.0}  # the JSON keeps it
+    assert "None" not in format_table(rows)
 
 
 def test_nan_accuracy_is_not_repaired(tmp_path: Path) -> None:
@@ -170,12 +188,50 @@ def test_nan_accuracy_is_not_repaired(tmp_path: Path) -> None:
     assert math.isnan(row["accuracy"]) and row["loss"] == 1.0
 
 
-def test_plot_written(sweep: list[Path], tmp_path: Path) -> None:
+def _drawn(monkeypatch) -> list[dict]:
+    """What each figure saved from now on says: its title, axes' labels, legend."""
+    from matplotlib.figure import Figure
+
+    seen: list[dict] = []
+    original = Figure.savefig
+
+    def spy(fig, *a, **k):
+        legend = fig.legends[0] if fig.legends else None
+        seen.append({"title": fig.get_suptitle(),
+                     "x": [ax.get_xlabel() for ax in fig.get_axes()],
+                     "y": [ax.get_ylabel() for ax in fig.get_axes()],
+                     "legend_title": legend.get_title().get_text() if legend else None,
+                     "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+                     "axes_legends": [ax.get_legend() for ax in fig.get_axes()],
+                     "annotations": [c.get_text() for ax in fig.get_axes()
+                                     for c in ax.texts]})
+        return original(fig, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
+
+
+def test_plot_written(sweep: list[Path], tmp_path: Path, monkeypatch) -> None:
     points = load_runs(sweep)
+    seen = _drawn(monkeypatch)
     for which in ("mean", "max"):
         out = plot_tradeoff(points, tmp_path / "plots" / f"tradeoff_{which}.png", epsilon=which)
         data = out.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert plot_tradeoff(points, tmp_path / "default.png").is_file()
+    mean, worst, default = seen
+    assert default["x"] == worst["x"] and default["title"] == worst["title"]  # max by default
+    # the x axis, the legend and the title name the statistic
+    assert all("worst-off client (max over clients" in x for x in worst["x"])
+    assert all("mean over clients" in x and "not the worst-off" in x for x in mean["x"])
+    assert "max over clients" in worst["legend_title"]
+    assert "mean over clients" in mean["legend_title"]
+    assert "worst-off client" in worst["title"] and "mean over clients" in mean["title"]
+    # the legend sits outside the data: on the figure, none on an axis
+    assert worst["axes_legends"] == [None, None] and "upcycled (output)" in worst["legend"]
+    from PIL import Image
+
+    assert "worst-off" in Image.open(tmp_path / "default.png").text["Description"]
     with pytest.raises(InvalidParameterError, match="out"):
         plot_tradeoff(points, tmp_path / "tradeoff.notaformat")
 
@@ -237,33 +293,40 @@ def _parser() -> argparse.ArgumentParser:
 def test_cli_text_and_json(sweep: list[Path], tmp_path: Path, capsys) -> None:
     out = tmp_path / "t.png"
     args = _parser().parse_args(["report", "tradeoff", *map(str, sweep), "--out", str(out)])
-    assert (args.command, args.report, args.epsilon, args.json) == ("report", "tradeoff",
-                                                                    "mean", False)
+    assert (args.command, args.report, args.epsilon_statistic, args.json) == (
+        "report", "tradeoff", "max", False)
     assert run_report(args) == 0
     text = capsys.readouterr().out
     assert "upcycled" in text and "noise=2" in text and str(out) in text
+    assert "epsilon (max over clients)" in text.splitlines()[0]
     assert out.stat().st_size > 20_000
 
     out.unlink()
     args = _parser().parse_args(["report", "tradeoff", *map(str, sweep), "--out", str(out),
-                                 "--epsilon", "max", "--json"])
+                                 "--epsilon-statistic", "mean", "--json"])
     run_report(args)
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 8 and out.is_file()
     nonpriv = next(r for r in rows if r["privacy"] == "none")
-    assert nonpriv["epsilon"] == "inf" and rows[0]["epsilon_stat"] == "max"
+    assert nonpriv["epsilon"] == "inf" and rows[0]["epsilon_stat"] == "mean"
+    # the older spelling still works, with a one-line note naming the new flag
+    old = _parser().parse_args(["report", "tradeoff", str(sweep[0]), "--epsilon", "mean"])
+    assert old.epsilon_statistic == "mean"
+    assert "--epsilon is now --epsilon-statistic" in capsys.readouterr().err
 
     assert _parser().parse_args(["report", "tradeoff", str(sweep[0])]).out == "tradeoff.png"
     with pytest.raises(ValueError):
-        _parser().parse_args(["report", "tradeoff", str(sweep[0]), "--epsilon", "median"])
+        _parser().parse_args(["report", "tradeoff", str(sweep[0]), "--epsilon-statistic",
+                              "median"])
     with pytest.raises(ValueError):
         _parser().parse_args(["report", "tradeoff"])
 
 
 def test_cli_bad_input_names_argument(sweep: list[Path], tmp_path: Path) -> None:
     good = {"report": "tradeoff", "run_dirs": [str(sweep[0])], "out": str(tmp_path / "x.png"),
-            "epsilon": "mean", "json": False}
-    for change, name in [({"epsilon": "median"}, "epsilon"), ({"run_dirs": []}, "RUN_DIRS"),
+            "epsilon_statistic": "mean", "json": False}
+    for change, name in [({"epsilon_statistic": "median"}, "epsilon_statistic"),
+                         ({"run_dirs": []}, "RUN_DIRS"),
                          ({"out": str(tmp_path)}, "out"), ({"out": ""}, "out"),
                          ({"run_dirs": [str(tmp_path / "missing")]}, "missing")]:
         with pytest.raises(InvalidParameterError, match=name):
@@ -295,7 +358,7 @@ def test_a_non_private_section_is_not_private(tmp_path: Path) -> None:
     assert points["fedavg"].accuracy == 0.8 and points["fedavg"].loss == 0.5
 
 
-def test_scfl_gradient_epsilon_is_read_not_its_midp(tmp_path: Path) -> None:
+def test_scfl_gradient_epsilon_is_read_not_its_midp(tmp_path: Path, monkeypatch) -> None:
     final = {"iteration": 6, "heldout_accuracy": 0.3, "heldout_loss": 0.45}
     grad = _privacy(2.0) | {"guarantee": "simulation", "proven": False}
     midp = {"measure": "mi_dp_nats", "mi_dp_nats_mean": 23.5, "mi_dp_nats_max": 24.0,
@@ -314,8 +377,15 @@ def test_scfl_gradient_epsilon_is_read_not_its_midp(tmp_path: Path) -> None:
     rows = tradeoff_table(list(points.values()))
     text = format_table(rows)
     assert "24 nats" in text and "note: scfl" in text and "held-out acc" in text
-    # DP-CFL's MI-DP cannot share the epsilon axis: named under the plot, not refused
+    # DP-CFL's MI-DP cannot share the epsilon axis: an MI-DP column beside the epsilon one
+    seen = _drawn(monkeypatch)
     assert plot_tradeoff(list(points.values()), tmp_path / "t.png").is_file()
+    (fig,) = seen
+    assert len(fig["x"]) == 4  # (accuracy, loss) x (epsilon, MI-DP)
+    assert [x.startswith("ε of the worst-off") for x in fig["x"]] == [True, False] * 2
+    assert all(x.startswith("MI-DP, nats") for x in fig["x"][1::2])
+    assert "dp-cfl (coded-mi-dp)" in fig["legend"] and "scfl (gradient-dp)" in fig["legend"]
+    assert "beside it MI-DP" in fig["title"]
 
 
 def test_mixed_metrics_are_tagged_and_a_regression_has_no_accuracy_panel(
@@ -353,7 +423,7 @@ def test_mixed_metrics_are_tagged_and_a_regression_has_no_accuracy_panel(
     from PIL import Image
 
     meta = Image.open(path).text
-    assert "held-out loss" in meta["Title"] and "x (output): epsilon 1" in meta["Description"]
+    assert "held-out loss" in meta["Title"] and "x (output): epsilon 2" in meta["Description"]
 
 
 # --------------------------------------------------- each trainer's quick run, end to end
@@ -374,9 +444,9 @@ def test_report_tradeoff_reads_every_trainers_run(name: str, tmp_path: Path, cap
         if not private:
             assert row["privacy"] == "none" and row["epsilon"] == "inf", alg
         elif section.get("measure") == "mi_dp_nats":
-            assert row["mi_dp_nats"] == pytest.approx(section["mi_dp_nats_mean"])
+            assert row["mi_dp_nats"] == pytest.approx(section["mi_dp_nats_max"])
         else:
-            assert row["epsilon"] == pytest.approx(section["epsilon_mean"]), alg
+            assert row["epsilon"] == pytest.approx(section["epsilon_max"]), alg
             assert row["guarantee"] == section["guarantee"]
         # held-out metrics wherever the report has them
         acc = "heldout_accuracy" if "heldout_accuracy" in final else (

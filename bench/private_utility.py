@@ -5,18 +5,29 @@ Sections (``--sections``, comma-separated; all by default):
 
 - ``client``: client-level DP-FedAvg (``--privacy client``) in Upcycled-FL and FedProx on
   2000 Synthetic clients (at most 500 records each, logistic regression), Poisson client
-  rate q = 0.05, delta = 1e-5, the same number of data rounds for both (Upcycled-FL's even
-  iterations are free), and FedProx once more with as many iterations as Upcycled-FL
-  (``fedprox (equal iterations)``: twice the data rounds, so more noise per round at the
-  same epsilon). Two data sets: ``synthetic:iid`` (one shared model: learnable) and
-  the issue's ``synthetic:0.5,0.5``, where every client draws its own random model; the
-  centralised logistic-regression ceiling is printed beside it.
+  rate q = 0.05, delta = 1e-5, **with the trainer's client-level defaults** (nothing tuned:
+  adaptive clipping at the median from C = 1, server momentum 0.5, server learning rate 1;
+  ``fl_examples.upcycled.config.CLIENT_DEFAULTS``), the same number of data rounds for both
+  (Upcycled-FL's even iterations are free), and FedProx once more with as many iterations
+  as Upcycled-FL (``fedprox (equal iterations)``: twice the data rounds, so more noise per
+  round at the same epsilon); 3 seeds. Each private cell is paired by seed with the
+  non-private run (``--privacy none``, the same local training, ``--fraction q``: the
+  trainer's own aggregation, weighted by record counts, no server optimiser) and the gap
+  printed per seed and as mean +- s.e.; on ``synthetic:iid`` also with the like-for-like
+  reference (``reference``: DP-FedAvg's sampling, aggregation over q N and server optimiser,
+  without clipping or noise), with Upcycled-FL at the issue's 60 data rounds, and with the
+  previous defaults (a fixed clip C = 1, no server momentum). Two data sets:
+  ``synthetic:iid`` (one shared model: learnable) and the issue's ``synthetic:0.5,0.5``,
+  where every client draws its own random model; the centralised logistic-regression
+  ceiling is printed beside it.
 - ``bandmf``: banded matrix factorization (``--mechanism bandmf``) against DP-FedAvg under
   the same participation, FedAvg, at epsilon 2, 4 and 8: min-separation cohorts and cyclic
   groups (both unamplified; DP-FedAvg as b = 1 under the same schema), and amplified banded
   MF (cyclic groups with Poisson sampling inside) against DP-FedAvg with Poisson sampling
   (amplified), the same expected cohort; ``synthetic:iid`` over 2000 clients and digits over
-  200, 3 seeds each.
+  200, 3 seeds each. DP-FedAvg runs as banded MF does (a fixed clip norm, a plain server
+  step), and once more with the trainer's DP-FedAvg defaults (``dpfedavg (Poisson,
+  defaults)``: adaptive clipping from C = 1, server momentum 0.5).
 - ``record``: record-level DP-SGD (``--privacy record``) in Upcycled-FL and FedProx on digits
   over 6 clients (about 270 records each), delta = 1e-5, beside the paper's output
   perturbation (sound replace-one sensitivity) at the same epsilon.
@@ -63,10 +74,13 @@ from fl_examples.upcycled import UpcycledConfig, run_algorithm  # noqa: E402
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 SECTION_ORDER = ["client", "bandmf", "record", "scfl", "mapa", "dprec", "opacus"]
 FIELDS = ["section", "dataset", "algorithm", "privacy", "target_epsilon", "epsilon",
-          "delta", "heldout_accuracy", "accuracy_se", "seeds", "seconds", "note"]
+          "delta", "heldout_accuracy", "accuracy_se", "seeds", "seconds", "gap", "gap_se",
+          "gap_reference", "gap_reference_se", "per_seed", "note"]
 
 #: The standard error over seeds of the last :func:`_fl` call's accuracy (for the rows).
 _LAST_SE: list[float] = [float("nan")]
+#: The per-seed accuracies of the last :func:`_fl` call (seed 0, 1, ...).
+_LAST_ACCS: list[float] = []
 
 
 def _row(**kw: Any) -> dict[str, Any]:
@@ -96,6 +110,7 @@ def _fl(alg: str, cfg: UpcycledConfig, ds: Any, data_rounds: int, seeds: int
             delta = r["privacy"]["delta"]
     _LAST_SE[0] = float(np.std(accs, ddof=1) / math.sqrt(len(accs))) if len(accs) > 1 \
         else float("nan")
+    _LAST_ACCS[:] = accs
     return (float(np.mean(accs)), float(np.mean(eps)) if eps else float("nan"), delta,
             time.perf_counter() - t0)
 
@@ -109,33 +124,107 @@ def _ceiling(ds: Any) -> float:
     return float(m.score(np.concatenate(ds.x_test), np.concatenate(ds.y_test)))
 
 
+def _gap(private: list[float], reference: list[float]) -> tuple[float, float, list[float]]:
+    """Private minus non-private accuracy, paired by seed: (mean, s.e., per seed)."""
+    d = [a - b for a, b in zip(private, reference)]
+    se = float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return float(np.mean(d)), se, d
+
+
+#: What the like-for-like reference changes in a client-level run: no clipping (C = 1e6)
+#: and no noise (z = 1e-12: stddev 1e-6 on the sum), a fixed clip; everything else (Poisson
+#: sampling, the sum over q N, the server optimiser) is DP-FedAvg's.
+REFERENCE = dict(privacy="client", l2_clip_norm=1e6, noise_multiplier=1e-12, adaptive_clip=0.0)
+#: The client-level defaults before this bench's table (fixed clip 1, plain server step).
+PREVIOUS_DEFAULTS = dict(adaptive_clip=0.0, server_momentum=0.0, server_lr=1.0)
+
+
 def client_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, Any]]:
-    rounds, seeds = (30, 1) if quick else (100, 1)
+    """Client-level DP-FedAvg with the trainer's defaults (module docstring)."""
+    rounds, seeds = (30, 1) if quick else (100, 3)
     specs = ["synthetic:iid@2000/500"] + ([] if quick else ["synthetic:0.5,0.5@2000/500"])
+    q = 0.05
     rows = []
     for spec in specs:
         ds = parse_dataset_spec(spec, seed=0)
         ceiling = _ceiling(ds)
         base = dict(dataset=spec, mu=0.01, lam=0.04, local_epochs=5, batch_size=32, lr=0.05,
-                    momentum=0.5, stragglers=0.0, fraction=0.05, device="cpu",
-                    eval_every=10**6)
-        note = f"{rounds} data rounds, q 0.05, clip 3; centralised LR ceiling {ceiling:.3f}"
-        algs = ("upcycled", "fedprox") + ((EQUAL_ITERATIONS,) if spec.startswith(
-            "synthetic:iid") else ())
-        for alg in algs:
-            acc, _, _, secs = _fl(alg, UpcycledConfig(**base), ds, rounds, seeds)
-            rows.append(_row(section="client", dataset=spec, algorithm=alg, privacy="none",
-                             heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
-            _show(rows[-1])
+                    momentum=0.5, stragglers=0.0, fraction=q, device="cpu", eval_every=10**6)
+        iid = spec.startswith("synthetic:iid")
+        # (label, algorithm, data rounds, the private runs' extra settings)
+        runs: list[tuple[str, str, int, dict[str, Any]]] = [
+            ("upcycled", "upcycled", rounds, {}), ("fedprox", "fedprox", rounds, {})]
+        if iid:
+            runs.append((EQUAL_ITERATIONS, EQUAL_ITERATIONS, rounds, {}))
+            if not quick:  # the issue's setting, and the previous defaults
+                runs += [("upcycled (60 data rounds)", "upcycled", 60, {}),
+                         ("upcycled (60, previous defaults)", "upcycled", 60,
+                          PREVIOUS_DEFAULTS),
+                         ("upcycled (previous defaults)", "upcycled", rounds,
+                          PREVIOUS_DEFAULTS)]
+        plain: dict[tuple[str, int], list[float]] = {}
+        like: dict[tuple[str, int, str], list[float]] = {}
+        for label, alg, n, extra in runs:
+            note = (f"{n} data rounds, q {q:g}, the client-level defaults"
+                    + (" but " + ", ".join(f"{k} {v:g}" for k, v in extra.items())
+                       if extra else "") + f"; centralised LR ceiling {ceiling:.3f}")
+            key = (alg, n)
+            if key not in plain:  # the non-private run (--privacy none), once per (alg, n)
+                acc, _, _, secs = _fl(alg, UpcycledConfig(**base), ds, n, seeds)
+                plain[key] = list(_LAST_ACCS)
+                rows.append(_row(section="client", dataset=spec, algorithm=label,
+                                 privacy="none", heldout_accuracy=acc,
+                                 accuracy_se=_LAST_SE[0], seeds=seeds, seconds=secs,
+                                 per_seed=_seeds_text(plain[key]),
+                                 note=f"{n} data rounds, --privacy none --fraction {q:g}"))
+                _show(rows[-1])
+            server = {k: v for k, v in extra.items() if k.startswith("server_")}
+            rkey = (alg, n, repr(server))
+            if iid and rkey not in like:  # DP-FedAvg without clipping or noise
+                acc, _, _, secs = _fl(alg, UpcycledConfig(**base, **REFERENCE, client_rate=q,
+                                                          **server), ds, n, seeds)
+                like[rkey] = list(_LAST_ACCS)
+                rows.append(_row(section="client", dataset=spec, algorithm=label,
+                                 privacy="reference", heldout_accuracy=acc,
+                                 accuracy_se=_LAST_SE[0], seeds=seeds, seconds=secs,
+                                 per_seed=_seeds_text(like[rkey]),
+                                 note=f"{n} data rounds, DP-FedAvg's aggregation and server "
+                                      "optimiser without clipping or noise"))
+                _show(rows[-1])
             for e in epsilons:
                 cfg = UpcycledConfig(**base, privacy="client", noise_for_epsilon=e,
-                                     l2_clip_norm=3.0, client_rate=0.05)
-                acc, eps, d, secs = _fl(alg, cfg, ds, rounds, seeds)
-                rows.append(_row(section="client", dataset=spec, algorithm=alg,
-                                 privacy="client", target_epsilon=e, epsilon=eps, delta=d,
-                                 heldout_accuracy=acc, seeds=seeds, seconds=secs, note=note))
+                                     client_rate=q, **extra)
+                acc, eps, d, secs = _fl(alg, cfg, ds, n, seeds)
+                g, g_se, per = _gap(_LAST_ACCS, plain[key])
+                row = _row(section="client", dataset=spec, algorithm=label, privacy="client",
+                           target_epsilon=e, epsilon=eps, delta=d, heldout_accuracy=acc,
+                           accuracy_se=_LAST_SE[0], seeds=seeds, seconds=secs, gap=g,
+                           gap_se=g_se, per_seed=_seeds_text(_LAST_ACCS), note=note)
+                text = f"    gap to --privacy none: {_gaps_text(g, g_se, per)}"
+                if iid:
+                    g2, g2_se, per2 = _gap(_LAST_ACCS, like[rkey])
+                    row |= dict(gap_reference=g2, gap_reference_se=g2_se)
+                    text += f"; to the reference: {_gaps_text(g2, g2_se, per2)}"
+                rows.append(row)
                 _show(rows[-1])
+                print(text, flush=True)
     return rows
+
+
+def _pm(mean: float, se: float) -> str:
+    """Points: mean +- s.e. (the s.e. left out for one seed)."""
+    return f"{100 * mean:+.1f}" + (f"+-{100 * se:.1f}" if math.isfinite(se) else "")
+
+
+def _seeds_text(accs: list[float]) -> str:
+    return " ".join(f"{a:.4f}" for a in accs)
+
+
+def _gaps_text(mean: float, se: float, per: list[float]) -> str:
+    """Points, per seed and mean +- s.e."""
+    seeds = " ".join(f"{100 * d:+.1f}" for d in per)
+    se_text = f" +- {100 * se:.1f}" if math.isfinite(se) else ""
+    return f"{100 * mean:+.1f}{se_text} points (seeds {seeds})"
 
 
 #: Banded MF runs: (label, settings). b = 1 is DP-FedAvg's independent noise under the same
@@ -155,8 +244,16 @@ def _banded_settings(bands: int, amp_bands: int, q: float) -> list[tuple[str, st
                                                   groups=amp_bands, participation="poisson",
                                                   client_rate=min(1.0, q * amp_bands))),
         ("poisson", "bandmf b by RMSE", {}),  # filled per epsilon: _rmse_bands
-        ("poisson", "dpfedavg (Poisson)", dict(mechanism="gaussian", client_rate=q)),
+        ("poisson", "dpfedavg (Poisson)", FIXED_CLIP | dict(client_rate=q)),
+        ("poisson", "dpfedavg (Poisson, defaults)", dict(mechanism="gaussian", client_rate=q,
+                                                         l2_clip_norm=None)),
     ]
+
+
+#: DP-FedAvg as banded MF runs it: a fixed clip norm and a plain server step (like for like;
+#: the row ``dpfedavg (Poisson, defaults)`` has the trainer's defaults: adaptive clipping from
+#: C = 1 and server momentum 0.5).
+FIXED_CLIP = dict(mechanism="gaussian", adaptive_clip=0.0, server_momentum=0.0)
 
 
 def _rmse_bands(rounds: int, q: float, epsilon: float, delta: float,
@@ -212,25 +309,26 @@ def bandmf_section(quick: bool, epsilons: tuple[float, ...]) -> list[dict[str, A
                          heldout_accuracy=acc, accuracy_se=_LAST_SE[0], seeds=seeds,
                          seconds=secs, note=note))
         _show(rows[-1])
-        for part, label, kw in _banded_settings(bands, amp, q):
+        for part, label, settings in _banded_settings(bands, amp, q):
             for e in eps_here:
-                extra = ""
+                extra, kw = "", settings
                 if not kw:  # b chosen from public settings by the prefix sums' RMSE
                     b, rmse = _rmse_bands(rounds, q, e, 1e-5)
                     extra = f"; b = {b} by RMSE ({rmse:.3g})"
-                    kw = dict(mechanism="gaussian", client_rate=q) if b == 1 else dict(
+                    kw = FIXED_CLIP | dict(client_rate=q) if b == 1 else dict(
                         mechanism="bandmf", bands=b, groups=b, participation="poisson",
                         client_rate=q * b)
-                cfg = UpcycledConfig(**base, privacy="client", noise_for_epsilon=e,
-                                     l2_clip_norm=clip, **kw)
+                cfg = UpcycledConfig(**(base | dict(privacy="client", noise_for_epsilon=e,
+                                                    l2_clip_norm=clip) | kw))
                 acc, eps, d, secs = _fl("fedavg", cfg, ds, rounds, seeds)
+                if "defaults" in label:
+                    extra = "; the DP-FedAvg defaults: adaptive clipping from C = 1"
                 rows.append(_row(section="bandmf", dataset=spec, algorithm=label,
                                  privacy=part, target_epsilon=e, epsilon=eps, delta=d,
                                  heldout_accuracy=acc, accuracy_se=_LAST_SE[0], seeds=seeds,
-                                 seconds=secs, note=note + extra))
+                                 seconds=secs, per_seed=_seeds_text(_LAST_ACCS),
+                                 note=note + extra))
                 _show(rows[-1])
-                if extra:
-                    kw = {}
     return rows
 
 
@@ -430,10 +528,23 @@ def _show(r: dict[str, Any]) -> None:
          else f"eps {r['epsilon']:.3f} (target {r['target_epsilon']:g})")
     se = r.get("accuracy_se")
     se_text = f" (s.e. {se:.4f})" if isinstance(se, float) and math.isfinite(se) else ""
-    print(f"  {r['section']:<7} {r['dataset']:<28} {r['algorithm']:<18} {r['privacy']:<7} "
+    print(f"  {r['section']:<7} {r['dataset']:<28} {r['algorithm']:<32} {r['privacy']:<9} "
           f"{e:<26} acc {r['heldout_accuracy']:.4f}{se_text}  {r['seconds']:.1f} s"
           + (f"  [{r['note'].split('; ', 1)[1]}]" if "; b = " in str(r.get("note")) else ""),
           flush=True)
+
+
+#: Rows drawn as horizontal lines: the non-private run and, at client level, DP-FedAvg
+#: without clipping or noise.
+REFS = ("none", "reference")
+
+
+def _panel(r: dict[str, Any]) -> tuple[str, str]:
+    """(section, title) of a row's panel: the client section's runs at the issue's 60 data
+    rounds get a panel of their own beside the data set's."""
+    if r["section"] == "client" and "(60" in str(r["algorithm"]):
+        return r["section"], f"{r['dataset']}, 60 data rounds"
+    return r["section"], r["dataset"]
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -442,7 +553,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys((r["section"], r["dataset"]) for r in rows))  # run order
+    panels = list(dict.fromkeys(_panel(r) for r in rows))  # run order
     panels.sort(key=lambda p: SECTION_ORDER.index(p[0]))
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
@@ -451,29 +562,31 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_visible(False)
     styles = [("-", "o"), (":", "s"), ("-.", "^")]
     for ax, (sec, ds) in zip(axes.flat, panels):
-        here = [r for r in rows if r["section"] == sec and r["dataset"] == ds]
+        here = [r for r in rows if _panel(r) == (sec, ds)]
         # one colour per algorithm (its non-private line too), one line style per privacy model
         algs = list(dict.fromkeys(r["algorithm"] for r in here))
-        kinds = list(dict.fromkeys(r["privacy"] for r in here if r["privacy"] != "none"))
+        kinds = list(dict.fromkeys(r["privacy"] for r in here if r["privacy"] not in REFS))
         lines = list(dict.fromkeys((r["algorithm"], r["privacy"]) for r in here
-                                   if r["privacy"] != "none"))
+                                   if r["privacy"] not in REFS))
         for alg, kind in lines:
             pts = sorted((float(r["target_epsilon"]), float(r["heldout_accuracy"])) for r in here
                          if r["algorithm"] == alg and r["privacy"] == kind)
             ls, mk = styles[kinds.index(kind) % len(styles)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, marker=mk,
                     color=f"C{algs.index(alg)}", label=f"{alg} ({kind})")
-        for r in (r for r in here if r["privacy"] == "none"):
-            ax.axhline(float(r["heldout_accuracy"]), ls="--",
+        for r in (r for r in here if r["privacy"] in REFS):
+            ref = r["privacy"] == "reference"
+            ax.axhline(float(r["heldout_accuracy"]), ls=":" if ref else "--",
                        color=f"C{algs.index(r['algorithm'])}", alpha=0.6,
-                       label=f"{r['algorithm']} non-private")
+                       label=f"{r['algorithm']} " + ("reference (no clip, no noise)" if ref
+                                                     else "non-private"))
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(EPSILONS), [f"{e:g}" for e in EPSILONS])
         ax.set_xlabel("epsilon (delta 1e-5)")
         ax.set_ylabel("held-out accuracy")
         ax.set_title(f"{sec}: {ds}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7 if len(here) < 20 else 5.5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -515,28 +628,54 @@ def main() -> None:
 
 
 def _summary(rows: list[dict[str, Any]]) -> None:
-    """The table: accuracy per epsilon beside the non-private reference."""
+    """The table: accuracy per epsilon beside the non-private reference (and, where a section
+    pairs them by seed, the gap to it in points, mean +- s.e.)."""
     keys = []
     for r in rows:
         k = (r["section"], r["dataset"], r["algorithm"], r["privacy"])
-        if r["privacy"] != "none" and k not in keys:
+        if r["privacy"] not in REFS and k not in keys:
             keys.append(k)
     ref = {(r["section"], r["dataset"], r["algorithm"]): r["heldout_accuracy"]
            for r in rows if r["privacy"] == "none"}
+    like = {(r["section"], r["dataset"], r["algorithm"]): r["heldout_accuracy"]
+            for r in rows if r["privacy"] == "reference"}
     eps = sorted({r["target_epsilon"] for r in rows if r["target_epsilon"] != ""})
-    print(f"\n{'section':<7} {'dataset':<28} {'algorithm':<18} {'privacy':<7} "
-          + " ".join(f"{'eps ' + format(e, 'g'):>8}" for e in eps) + f" {'non-priv':>8}")
+    print(f"\n{'section':<7} {'dataset':<28} {'algorithm':<32} {'privacy':<7} "
+          + " ".join(f"{'eps ' + format(e, 'g'):>8}" for e in eps) + f" {'non-priv':>8}"
+          + f" {'ref':>8}")
+    gaps = []
     for k in keys:
-        accs = {r["target_epsilon"]: r["heldout_accuracy"] for r in rows
-                if (r["section"], r["dataset"], r["algorithm"], r["privacy"]) == k}
+        here = [r for r in rows if (r["section"], r["dataset"], r["algorithm"], r["privacy"]) == k]
+        accs = {r["target_epsilon"]: r["heldout_accuracy"] for r in here}
         nonpriv = ref.get(k[:3])
+        if nonpriv is None and here[0].get("gap") != "":  # paired with another label's run
+            nonpriv = here[0]["heldout_accuracy"] - here[0]["gap"]
         if nonpriv is None:  # the section's own non-private reference (ASGD, FedAvg)
             same = [v for (sec, ds, _), v in ref.items() if (sec, ds) == k[:2]]
             nonpriv = same[0] if len(same) == 1 else None
         cells = " ".join(f"{accs[e]:>8.3f}" if e in accs else f"{'':>8}" for e in eps)
-        print(f"{k[0]:<7} {k[1]:<28} {k[2]:<18} {k[3]:<7} {cells} "
+        print(f"{k[0]:<7} {k[1]:<28} {k[2]:<32} {k[3]:<7} {cells} "
               + (f"{nonpriv:>8.3f}" if nonpriv is not None and not math.isnan(nonpriv)
-                 else f"{'':>8}"))
+                 else f"{'':>8}")
+              + (f" {like[k[:3]]:>8.3f}" if k[:3] in like else ""))
+        if any(r.get("gap") != "" for r in here):
+            gaps.append((k, {r["target_epsilon"]: r for r in here}))
+    if not gaps:
+        return
+    print("\nprivate minus non-private, points, mean +- s.e. over seeds (paired by seed); "
+          "[to the reference: DP-FedAvg without clipping or noise]")
+    for k, by_eps in gaps:
+        gap_cells: list[str] = []
+        for e in eps:
+            g = by_eps.get(e)
+            if g is None or g.get("gap") == "":
+                gap_cells.append(f"{'':>21}")
+                continue
+            cell = _pm(g["gap"], g["gap_se"])
+            if g.get("gap_reference") != "":
+                cell += f" [{_pm(g['gap_reference'], g['gap_reference_se'])}]"
+            gap_cells.append(f"{cell:>21}")
+        print(f"{k[0]:<7} {k[1]:<28} {k[2]:<32} " + " ".join(gap_cells))
 
 
 if __name__ == "__main__":

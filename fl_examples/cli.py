@@ -140,6 +140,15 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                        help="a private run also evaluates on the clients' own training and "
                             "test data (by default only on the public held-out set); those "
                             "metrics are listed in the report as not covered by its epsilon")
+        p.add_argument("--audit-canaries", type=float, default=0, metavar="M",
+                       help="a private run plants M white-box canaries (fair coins) in its "
+                            "noisy releases, scores them from the released values alone and "
+                            "prints an empirical lower bound on epsilon beside the "
+                            "accounted one (OUT/audit_scores.json, "
+                            "report.json's audit block; exit status 3 if the bound exceeds "
+                            "it). Upcycled and dprec's client level (DP-FedAvg, banded MF), "
+                            "mapa --noise gaussian, scfl with gradient noise; refused, saying "
+                            "why, elsewhere (docs/audit-runs.md)")
         p.add_argument("--max-loss-factor", type=float, default=None,
                        help="stop with exit status 1 when the training loss exceeds this "
                             "many times its first evaluated value (default "

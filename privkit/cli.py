@@ -5,7 +5,9 @@ Errors in arguments print one line naming the argument (by the flag typed: ``--s
 the parameter it sets) and exit with status 2; so do data errors and operating-system errors
 (an unwritable ``--out``, a missing file: the line names the path).
 With ``--json`` stdout is exactly one JSON object. ``privkit audit`` exits with
-status 0 when the audit passed and 1 when it found a violation.
+status 0 when the audit passed and 1 when it found a violation; ``privkit audit run OUT``
+(a training run's canary audit, recomputed from ``OUT/audit_scores.json``) likewise: 0 when
+its lower bounds are below the accounted epsilon, 1 when one is above.
 
 ``train`` and ``report`` (and the training part of ``demo``) come from the bundled trainers,
 which privkit never imports: they register themselves in the entry-point group
@@ -321,20 +323,26 @@ def _build_parser(commands: dict[str, Any] | None = None) -> argparse.ArgumentPa
             command.add_parser(sub, _Parser)
 
     au = sub.add_parser(
-        "audit", help="statistical audit: empirical lower bound on a mechanism's epsilon",
+        "audit", help="statistical audit: empirical lower bound on a mechanism's epsilon "
+        "(or recompute a training run's)",
         description="Run a real privkit mechanism on neighbouring inputs and compare an "
-        "empirical lower bound on its epsilon (confidence 1 - 1e-3) with its claim.",
+        "empirical lower bound on its epsilon (confidence 1 - 1e-3) with its claim; or, with "
+        "'run OUT', recompute the audit of a training run from OUT/audit_scores.json (what "
+        "privkit train ... --audit-canaries M saved) and print its lines again.",
         epilog="exit status: 0 if the audit passed (lower bound <= claim), 1 if it found a "
-        "violation, 2 for bad arguments.")
-    au.add_argument("mechanism", choices=list(_audit.ALL_MECHANISMS),
+        "violation, 2 for bad arguments (for 'run': a missing or malformed scores file, "
+        "named).")
+    au.add_argument("mechanism", choices=[*_audit.ALL_MECHANISMS, "run"],
                     help="gaussian: GDP trade-off audit of GaussianOutputPerturbation; "
                     "objective: ObjectivePerturbation on a 1-parameter GLM; laplace-l2 / "
                     "laplace-l1: LaplaceGradientNoise (d = 2) with that noise shape; rec: "
                     "Renyi-2 audit of the REC encoder; coded: mutual-information audit of SCFL's "
-                    "coded upload")
+                    "coded upload; run: a training run's canary audit, recomputed from OUT")
+    au.add_argument("out", nargs="?", default=None, metavar="OUT",
+                    help="with run: the run's output directory (or its audit_scores.json)")
     au.add_argument("--trials", type=_number, default=None,
                     help="draws per neighbour (per half for threshold audits; default 1e5)")
-    au.add_argument("--noise-scale", type=_number, default=1.0,
+    au.add_argument("--noise-scale", type=_number, default=None,
                     help="factor on the noise; < 1 builds a deliberately broken mechanism "
                     "(default 1)")
     au.add_argument("--seed", type=_integer_or_number, default=None,
@@ -512,7 +520,13 @@ def _run_command(name: str, a: argparse.Namespace, commands: dict[str, Any]) -> 
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:
-    r = _audit.audit(a.mechanism, trials=a.trials, noise_scale=a.noise_scale, seed=a.seed)
+    if a.mechanism == "run":
+        return _cmd_audit_run(a)
+    if a.out is not None:
+        raise InvalidParameterError("OUT", a.out, f"given only with 'privkit audit run' (not "
+                                    f"with {a.mechanism})")
+    r = _audit.audit(a.mechanism, trials=a.trials,
+                     noise_scale=1.0 if a.noise_scale is None else a.noise_scale, seed=a.seed)
     out = r.to_dict()
     verdict = "PASSED (no violation found)" if r.passed else "FAILED (privacy claim violated)"
     det = r.details
@@ -541,6 +555,35 @@ def _cmd_audit(a: argparse.Namespace) -> int:
             f"{det['seconds']:.2f}s")
     _emit(out, a.json, text)
     return 0 if r.passed else 1
+
+
+def _cmd_audit_run(a: argparse.Namespace) -> int:
+    """``privkit audit run OUT``: the run's audit recomputed from its saved scores (the same
+    line its trainer printed, then each bound); 0 consistent, 1 a bound above the accounted
+    epsilon, 2 a missing or malformed scores file (the error names its path)."""
+    from pathlib import Path
+
+    from privkit.audit.runs import SCHEMA, SCORES_FILE
+
+    for dest in ("trials", "noise_scale", "seed"):
+        if getattr(a, dest) is not None:
+            raise InvalidParameterError(dest, getattr(a, dest), "left out with 'privkit audit "
+                                        "run' (a mechanism audit's setting)")
+    if a.out is None:
+        raise InvalidParameterError("OUT", None, "given: the run's output directory (privkit "
+                                    "audit run OUT)")
+    path = Path(a.out)
+    file = path / SCORES_FILE if path.is_dir() else path
+    try:
+        result = _audit.recompute(file)
+    except InvalidParameterError as exc:
+        if exc.name == "path":
+            raise
+        raise InvalidParameterError("path", str(file), f"an audit scores file of schema "
+                                    f"{SCHEMA} ({exc})") from None
+    out = {"path": str(file), "line": result.summary(), **result.to_dict()}
+    _emit(out, a.json, "\n".join([result.summary(), *result.lines()]))
+    return 1 if result.exceeded else 0
 
 
 # ------------------------------------------------------------------ privkit midp

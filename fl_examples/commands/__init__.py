@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["OUT_HELP", "command_modules", "default_out", "nonnegative_int", "positive_int",
            "VOCABULARY", "noted", "split_algorithms", "run_prepared", "epsilon_target",
-           "MAX_EPSILON_TARGET"]
+           "MAX_EPSILON_TARGET", "audit_canaries"]
 
 #: The largest ``--noise-for-epsilon`` any trainer calibrates to: ln of the largest double.
 #: Above it e^epsilon, which every (epsilon, delta) bound multiplies by, is not a finite
@@ -94,6 +94,20 @@ def epsilon_target(name: str, value: float | None) -> float | None:
             "above it no noise is left to calibrate; for a run without noise leave out the "
             "privacy options)")
     return target
+
+
+def audit_canaries(args: Any) -> int:
+    """``--audit-canaries M`` (every trainer; 0: no audit): an integer >= 0, refused with
+    ``--resume`` (the canaries' scores are not checkpointed; :mod:`fl_examples.core.canaries`).
+    The configuration refuses it where it does not apply."""
+    from privkit.errors import InvalidParameterError
+
+    m = nonnegative_int("audit_canaries", getattr(args, "audit_canaries", 0) or 0)
+    if m and getattr(args, "resume", False):
+        raise InvalidParameterError("audit_canaries", m, "left out with --resume (the canaries' "
+                                    "scores are not checkpointed: an audit run is one "
+                                    "uninterrupted run)")
+    return m
 
 
 def command_modules() -> list[ModuleType]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from fl_examples.commands import (
     OUT_HELP,
+    audit_canaries,
     epsilon_target,
     nonnegative_int,
     noted,
@@ -126,7 +127,7 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         dpfedavg_noise=args.noise_multiplier, relation=args.relation,
         history_compression=False if args.no_history_compression else None,
         device=args.device, secure_noise=args.secure_noise,
-        eval_client_data=args.eval_client_data,
+        eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
         seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
@@ -155,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]) -> int:
+    from fl_examples.core.canaries import audit_exit
     from fl_examples.dprec import final_table, train
 
     res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
@@ -162,8 +164,9 @@ def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]
         print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],
                               "privacy": {k: v for k, v in r["privacy"].items()
                                           if k not in ("per_client", "epsilon_per_round")}}
-                          for n, r in res["algorithms"].items()}))
+                          for n, r in res["algorithms"].items()}
+                         | ({"audit": res["audit"]} if "audit" in res else {})))
     else:
         print(final_table(res))
         print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
-    return 0
+    return audit_exit(res.get("audit"), as_json=args.json)

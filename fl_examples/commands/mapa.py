@@ -10,6 +10,7 @@ from typing import Any
 
 from fl_examples.commands import (
     OUT_HELP,
+    audit_canaries,
     epsilon_target,
     nonnegative_int,
     noted,
@@ -199,6 +200,7 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         noise_multiplier=args.noise_multiplier, noise_for_epsilon=args.noise_for_epsilon,
         clip=args.clip, step_schedule=args.step_schedule, lr=args.lr,
         secure_noise=args.secure_noise, eval_client_data=args.eval_client_data,
+        audit_canaries=audit_canaries(args),
     )
     epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     check_edges_spec(cfg.dataset, edges=cfg.edges, seed=cfg.seed)
@@ -210,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any, algorithms: tuple[str, ...]) -> int:
+    from fl_examples.core.canaries import audit_exit
     from fl_examples.mapa import final_table, train
 
     res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
@@ -223,9 +226,10 @@ def _run(args: argparse.Namespace, cfg: Any, algorithms: tuple[str, ...]) -> int
                                     if k not in ("per_edge", "uploads_per_edge",
                                                  "per_edge_unamplified")}
             summary[name] = entry
-        print(json.dumps({"algorithms": summary, "comparison": res["comparison"]}))
+        print(json.dumps({"algorithms": summary, "comparison": res["comparison"]}
+                         | ({"audit": res["audit"]} if "audit" in res else {})))
     else:
         print(final_table(res))
         print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png, "
               "staleness.png" + (", schedule.png" if "mapa" in res["algorithms"] else ""))
-    return 0
+    return audit_exit(res.get("audit"), as_json=args.json)

@@ -10,6 +10,7 @@ from typing import Any
 
 from fl_examples.commands import (
     OUT_HELP,
+    audit_canaries,
     epsilon_target,
     nonnegative_int,
     noted,
@@ -139,7 +140,7 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
         secure_coding=args.secure_coding, secure_noise=args.secure_noise,
-        eval_client_data=args.eval_client_data,
+        eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
         gradient_noise_multiplier=args.noise_multiplier,
         gradient_noise_for_epsilon=args.noise_for_epsilon,
         gradient_clip=args.clip, delta=args.delta)
@@ -189,6 +190,7 @@ def _check_digits(cfg: Any) -> None:
 
 
 def _run(args: argparse.Namespace, cfg: Any) -> int:
+    from fl_examples.core.canaries import audit_exit
     from fl_examples.core.report import is_quiet
     from fl_examples.scfl import final_table, train
 
@@ -198,9 +200,10 @@ def _run(args: argparse.Namespace, cfg: Any) -> int:
                               "time_to_fl_pma_final_loss_s": r["time_to_fl_pma_final_loss_s"],
                               "mean_arrivals": (sum(r["arrivals_per_round"])
                                                 / max(len(r["arrivals_per_round"]), 1))}
-                          for n, r in res["algorithms"].items()}, default=str))
+                          for n, r in res["algorithms"].items()}
+                         | ({"audit": res["audit"]} if "audit" in res else {}), default=str))
     else:
         print(final_table(res))
         if not is_quiet():
             print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
-    return 0
+    return audit_exit(res.get("audit"), as_json=args.json)

@@ -10,6 +10,7 @@ from typing import Any
 
 from fl_examples.commands import (
     OUT_HELP,
+    audit_canaries,
     epsilon_target,
     nonnegative_int,
     noted,
@@ -89,21 +90,26 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                         "bound")
     p.add_argument("--clip", type=float, default=None,
                    help="output: tau, the model's L2 clip norm (default 10, the paper's); "
-                        "client: C, each update's (default 1); record: C, each example "
-                        "gradient's (default 1)")
+                        "client: C, each update's (default 1; the initial C under adaptive "
+                        "clipping, the default with --mechanism gaussian); record: C, each "
+                        "example gradient's (default 1)")
     p.add_argument("--noise-multiplier", type=float, default=None,
                    help="z for client/record: noise stddev = z * --clip (default 1; refused "
-                        "with --noise-for-epsilon, which calibrates it)")
+                        "with --noise-for-epsilon, which calibrates it; client with adaptive "
+                        "clipping: the sum's z, the round priced at the joint z, <= 2%% lower)")
     p.add_argument("--client-rate", type=float, default=None,
                    help="q for client: each client joins a data round with probability q "
                         "(default: --fraction)")
     p.add_argument("--server-lr", type=float, default=None,
                    help="client: server learning rate on the noisy mean update (default 1)")
     p.add_argument("--server-momentum", type=float, default=None,
-                   help="client: server momentum (DP-FedAvg with momentum; default 0)")
+                   help="client: heavy-ball server momentum on the noisy mean update "
+                        "(default 0.5 with --mechanism gaussian, 0 with bandmf)")
     p.add_argument("--adaptive-clip", type=float, default=None, metavar="QUANTILE",
-                   help="client: track this quantile of the update norms (Andrew et al. "
-                        "2021); the noisy count and the sum are one release, priced jointly")
+                   help="client, --mechanism gaussian: the clip norm tracks this quantile of "
+                        "the update norms from --clip (Andrew et al. 2021; default 0.5; 0: "
+                        "a fixed --clip); the noisy count (stddev max(q N / 20, 2.5 z)) and "
+                        "the sum are one release, priced jointly")
     p.add_argument("--mechanism", default=None, choices=["gaussian", "bandmf"],
                    help="client: gaussian (DP-FedAvg: independent noise, Poisson sampling; "
                         "default) or bandmf (banded matrix factorization: correlated noise "
@@ -182,7 +188,7 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
         baseline_iterations=args.baseline_iterations, secure_noise=args.secure_noise,
-        eval_client_data=args.eval_client_data,
+        eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
     )
     epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
@@ -196,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]) -> int:
+    from fl_examples.core.canaries import audit_exit
     from fl_examples.core.report import is_quiet
     from fl_examples.upcycled import final_table, train
 
@@ -204,12 +211,13 @@ def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]
         print(json.dumps({n: r["history"][-1] | ({"privacy": {k: v for k, v in r["privacy"].items()
                                                               if k != "per_client"}}
                                                  if "privacy" in r else {})
-                          for n, r in res["algorithms"].items()}))
+                          for n, r in res["algorithms"].items()}
+                         | ({"audit": res["audit"]} if "audit" in res else {})))
     else:
         print(final_table(res))
         if not is_quiet():
             print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
-    return 0
+    return audit_exit(res.get("audit"), as_json=args.json)
 
 
 def with_clients(spec: str, clients: float | None) -> str:

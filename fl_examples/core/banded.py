@@ -246,10 +246,14 @@ class BandedDpPlan:
     @torch.no_grad()
     def release(self, w: dict[str, torch.Tensor], local: dict[str, torch.Tensor],
                 state: dict[str, Any], generator: Any, *, sel: Any = None,
-                data_round: int | None = None) -> dict[str, torch.Tensor]:
+                data_round: int | None = None, canaries: Any = None
+                ) -> dict[str, torch.Tensor]:
         """The new global model: clipped updates summed, round's correlated noise added
         (``state["bandmf"]``, the noise state, advanced), divided by the public divisor,
-        the server step applied; ``sel`` is recorded in ``state["bandmf_last"]``."""
+        the server step applied; ``sel`` is recorded in ``state["bandmf_last"]``.
+        ``canaries``: an audit's :class:`~fl_examples.core.canaries.TrainerCanaries` (its
+        schedule fits the participation: :func:`fl_examples.core.canaries.for_plan`), extra
+        rows before the noise, scored from the noisy sum."""
         if sel is None or data_round is None:
             raise InvalidParameterError("sel", sel, "the round's clients and its data round "
                                         "(banded MF records who took part)")
@@ -260,7 +264,11 @@ class BandedDpPlan:
                 "data_round", data_round, f"the noise state's next round + 1 "
                 f"({noise_state.next_round + 1}): rounds must be released in order")
         delta = {k: local[k] - w[k].unsqueeze(0) for k in w}
+        if canaries is not None:  # an audit's canary clients: extra rows before the noise
+            delta = canaries.insert(delta, w, clip=self.l2_clip_norm, release=data_round)
         noisy, state["bandmf"] = mech(delta, noise_state, rng=generator)
+        if canaries is not None:
+            canaries.observe(noisy, release=data_round)
         last = _last(state, self.num_clients).copy()
         last[np.asarray(sel, dtype=np.int64)] = data_round
         state["bandmf_last"] = last

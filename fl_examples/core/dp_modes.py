@@ -46,10 +46,57 @@ from privkit.mechanisms.aggregate import (
 
 __all__ = ["ClientDpPlan", "RecordDpPlan", "charge_entries", "server_step", "grouped",
            "calibrate_record", "check_client_settings", "epsilon_section",
-           "replace_one_epsilons", "POPULATION"]
+           "replace_one_epsilons", "POPULATION", "COUNT_NOISE_RATIO", "adaptive_count_stddev",
+           "adaptive_sum_noise"]
 
 #: The ledger id of client-level DP: every client's guarantee is the population's.
 POPULATION = "population"
+
+
+#: Adaptive clipping's count noise is at least this many times the sum's (as noise
+#: multipliers: ``2 count_stddev >= COUNT_NOISE_RATIO z``), so that the count never takes more
+#: than a fixed share of the round's budget: the joint multiplier is at least
+#: ``z / sqrt(1 + COUNT_NOISE_RATIO^-2)`` = 0.981 z.
+COUNT_NOISE_RATIO = 5.0
+
+
+def adaptive_count_stddev(expected_clients: float, noise_multiplier: float) -> float:
+    """The count's stddev of adaptive clipping for a sum with noise multiplier z and an
+    expected cohort m = q N: ``max(m / 20, COUNT_NOISE_RATIO z / 2)``.
+
+    Andrew et al. (NeurIPS 2021) use m / 20 (the noisy fraction then has stddev 1/20), which
+    costs almost nothing for large cohorts but dominates the budget for small ones (m = 15:
+    the count's own noise multiplier is 1.5, so no target needing z >= 1.5 is reachable); the
+    floor keeps the count's noise multiplier at least ``COUNT_NOISE_RATIO`` times the sum's.
+    Both terms are public settings.
+
+    Example:
+        >>> adaptive_count_stddev(100, 0.86), adaptive_count_stddev(15, 1.3)
+        (5.0, 3.25)
+    """
+    m = _validate.positive("expected_clients", expected_clients)
+    z = _validate.positive("noise_multiplier", noise_multiplier)
+    return max(m / 20, COUNT_NOISE_RATIO * z / 2)
+
+
+def adaptive_sum_noise(expected_clients: float, joint_noise_multiplier: float) -> float:
+    """The sum's z whose round, with :func:`adaptive_count_stddev`'s count, has the joint noise
+    multiplier ``joint_noise_multiplier`` (always reachable).
+
+    Example:
+        >>> z = adaptive_sum_noise(15, 1.3)
+        >>> c = 2 * adaptive_count_stddev(15, z)
+        >>> round((z ** -2 + c ** -2) ** -0.5, 12)
+        1.3
+    """
+    m = _validate.positive("expected_clients", expected_clients)
+    zj = _validate.positive("joint_noise_multiplier", joint_noise_multiplier)
+    zc = m / 10  # the count's noise multiplier at m / 20
+    if zj < zc:
+        z = zj / math.sqrt(1 - (zj / zc) ** 2)  # (zj^-2 - zc^-2)^-1/2, without overflow
+        if COUNT_NOISE_RATIO * z <= zc:
+            return z
+    return zj * math.sqrt(1 + COUNT_NOISE_RATIO ** -2)
 
 
 def server_step(w: dict[str, Any], mean: dict[str, Any], state: dict[str, Any], *,
@@ -187,13 +234,17 @@ class ClientDpPlan:
 
     @torch.no_grad()
     def release(self, w: dict[str, torch.Tensor], local: dict[str, torch.Tensor],
-                state: dict[str, Any], generator: Any) -> dict[str, torch.Tensor]:
+                state: dict[str, Any], generator: Any, canaries: Any = None
+                ) -> dict[str, torch.Tensor]:
         """The new global model from the sampled clients' local models (K may be 0).
 
         ``generator``: a ``torch.Generator`` on the models' device or a
         :class:`privkit.SecureRandom`. ``state`` holds the server's clip norm (``clip``)
         and momentum buffer (``momentum``) and is updated in place. A non-finite update
-        contributes zeros (:class:`privkit.mechanisms.NonFiniteUpdates`), said nowhere."""
+        contributes zeros (:class:`privkit.mechanisms.NonFiniteUpdates`), said nowhere.
+        ``canaries``: an audit's :class:`~fl_examples.core.canaries.TrainerCanaries`, whose
+        canary clients are extra rows of the sum before the noise (not of the adaptive
+        count), scored from the noisy sum."""
         clip = float(state.get("clip", self.l2_clip_norm))
         delta = {k: local[k] - w[k].unsqueeze(0) for k in w}
         mech = self.mechanism(clip)
@@ -206,7 +257,11 @@ class ClientDpPlan:
             state["clip"] = self.adaptive.update(clip, norms.sqrt(),
                                                  expected_clients=self.expected_clients,
                                                  rng=generator)
+        if canaries is not None:  # an audit's canary clients: extra rows before the noise
+            delta = canaries.insert(delta, w, clip=clip)
         noisy = mech(delta, rng=generator)
+        if canaries is not None:
+            canaries.observe(noisy)
         mean = {k: noisy[k] / self.expected_clients for k in w}
         return server_step(w, mean, state, lr=self.server_lr, momentum=self.server_momentum)
 

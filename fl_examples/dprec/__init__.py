@@ -65,7 +65,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from fl_examples.core.canaries import check_fits, finish
 from fl_examples.core.epsilon_plot import plot_vs_epsilon
+from fl_examples.core.models import num_parameters
 from fl_examples.core.release import check_heldout
 from fl_examples.core.report import Column, figure_text, legend_label, text_table, write_report
 from fl_examples.core.status import status
@@ -79,6 +81,7 @@ from fl_examples.dprec.config import (
     ALGORITHMS,
     RELATIONS,
     DPRecConfig,
+    _model,
     check_relation,
     load_dataset,
 )
@@ -124,6 +127,8 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
                   cfg.eval_client_data, cfg.dataset)
     n = ds.num_clients
     groups = num_groups(cfg, ds)
+    if cfg.audit_canaries:  # M canaries need M coordinates, checked before any ledger exists
+        check_fits(cfg.audit_canaries, num_parameters(_model(cfg, ds)))
     out_path = Path(out) if out is not None else None
     sigma, calibrated = cfg.stddev, {}
     if cfg.epsilon is not None and "dprec" in names:
@@ -148,12 +153,18 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
             else "DP-REC's central epsilon",
             "planned_epsilon": dpfedavg_central_epsilon(z, cfg, n, cfg.rounds)}
     results: dict[str, Any] = {}
+    audit: dict[str, Any] | None = None
     for name in names:
         results[name] = run_algorithm(name, cfg, ds, z=z if name == "dpfedavg" else None,
                                       stddev=sigma if name == "dprec" else None, out=out_path,
                                       resume=resume)
         if name in calibrated:
             results[name]["privacy"]["calibrated"] = calibrated[name]
+        if "_canaries" in results[name]:
+            p = results[name]["privacy"]
+            audit = finish(results[name]["_canaries"], algorithm=name,
+                           accounted_epsilon=p["epsilon_central"], delta=p["delta"],
+                           out=out_path)
     config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
                                         "dataset_description": ds.description,
                                         "num_clients": n}
@@ -162,10 +173,11 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
         config["stddev"] = sigma
     if "dpfedavg" in names:
         config["dpfedavg_noise"] = z
+    sections = {"audit": audit} if audit is not None else None
     if out_path is not None:
-        write_report(out_path, config, results, settings=_settings(config))
+        write_report(out_path, config, results, settings=_settings(config), sections=sections)
         _plot_vs_epsilon(out_path, results, config)
-    return {"config": config, "algorithms": results}
+    return {"config": config, "algorithms": results, **(sections or {})}
 
 
 def _settings(config: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fl_examples.core.canaries import check_count, refusal
 from fl_examples.core.data import FederatedDataset, digits, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
 from fl_examples.core.models import MultinomialLogReg
@@ -75,6 +76,8 @@ class DPRecConfig:
             OS CSPRNG (otherwise the run is a seeded simulation).
         eval_client_data: the private algorithms also evaluate on the clients' data (listed
             as not covered by their epsilon).
+        audit_canaries: M > 0 plants M white-box canary clients in DP-FedAvg's noisy sums
+            and audits its run (:mod:`fl_examples.core.canaries`); refused unless dpfedavg runs.
 
     The settings of one algorithm (``stddev``, ``bits``, ``groups``, ``history_compression``
     for DP-REC; ``dpfedavg_noise`` for DP-FedAvg; ``client_rate``; ``clients`` and
@@ -114,6 +117,7 @@ class DPRecConfig:
     checkpoint_every: int = 0
     secure_noise: bool = False
     eval_client_data: bool = False
+    audit_canaries: int = 0
 
     def __post_init__(self) -> None:
         if self.clients is not None:
@@ -142,6 +146,7 @@ class DPRecConfig:
         _validate.positive("l2_clip", self.l2_clip)
         if self.stddev is not None:
             _validate.positive("stddev", self.stddev)
+        check_count(self.audit_canaries, checkpoint_every=self.checkpoint_every)
         _validate.positive("server_lr", self.server_lr)
         m = _validate.real("server_momentum", self.server_momentum)
         if not 0 <= m < 1:
@@ -187,6 +192,12 @@ class DPRecConfig:
                 value = getattr(self, name)
                 if value is not None and value is not False and not ok:
                     raise InvalidParameterError(name, value, f"given only when {why[name]}")
+            if self.audit_canaries and "dpfedavg" not in runs:
+                raise refusal(self.audit_canaries, "unless dpfedavg runs (--algorithms): the "
+                              "canaries go in DP-FedAvg's noisy sums; DP-REC's messages are "
+                              "REC selections among candidates, no additive noise to project "
+                              "a canary on (privkit audit rec audits the encoder), and fedavg "
+                              "is not private")
             if self.epsilon is not None and self.stddev is not None and "dprec" in runs:
                 raise InvalidParameterError("stddev", self.stddev, "left out with "
                                             "--noise-for-epsilon (which calibrates DP-REC's "

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import privkit
+from fl_examples.core.canaries import TrainerCanaries, canary_seed, for_plan, privacy_notes
 from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.core.dp_modes import POPULATION, ClientDpPlan, server_step
 from fl_examples.core.local import local_sgd
@@ -136,6 +137,10 @@ class _Run(TrainerRun):
         # round -> clients whose charge for it is already in the ledger (adopted on resume)
         self.precharged: dict[int, set[str]] = {}
         self.num_groups = num_groups(cfg, ds)
+        # --audit-canaries: canary clients in DP-FedAvg's noisy sums
+        self.canaries: TrainerCanaries | None = for_plan(
+            self.plan, cfg.audit_canaries, self.d, seed=canary_seed(cfg.seed, algorithm)) \
+            if cfg.audit_canaries and algorithm == "dpfedavg" else None
 
     # -- the run protocol -------------------------------------------------------------------
     @property
@@ -236,7 +241,7 @@ class _Run(TrainerRun):
             # clip each update to C, one N(0, (z C)^2) draw on the sum (drawn also when no
             # client was sampled), / q N, then the server step
             noise = self.secure or self.tree.torch(t, "noise", self.device)
-            self.w = self.plan.release(self.w, local, self.server, noise)
+            self.w = self.plan.release(self.w, local, self.server, noise, canaries=self.canaries)
             self.up += FLOAT_BITS * self.d * len(sel)
         else:
             updates = [{k: (local[k][j] - self.w[k]).to(torch.float64) for k in self.w}
@@ -432,8 +437,12 @@ class _Run(TrainerRun):
             "client_rate": self.q, "note": "non-private reference: DP-FedAvg's Poisson "
             "sampling and server step, no clipping, no noise, nothing charged: every number "
             "it reports is computed without privacy"}
-        return {"history": self.history, "privacy": privacy, "communication": comm,
-                "_model": {k: v.detach().cpu() for k, v in self.w.items()}}
+        out = {"history": self.history, "privacy": privacy, "communication": comm,
+               "_model": {k: v.detach().cpu() for k, v in self.w.items()}}
+        if self.canaries is not None:
+            privacy_notes(privacy, self.canaries)
+            out["_canaries"] = self.canaries
+        return out
 
     def _not_covered(self) -> list[tuple[str, str]]:
         """What a private algorithm's report holds outside its epsilon (beside the

@@ -92,6 +92,7 @@ from typing import Any
 import numpy as np
 
 from fl_examples.core.asyncsim import simulate
+from fl_examples.core.canaries import check_fits, finish
 from fl_examples.core.models import num_parameters
 from fl_examples.core.release import check_heldout
 from fl_examples.core.report import write_report
@@ -152,14 +153,16 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
         if name not in ALGORITHMS:
             raise InvalidParameterError("algorithms", name, f"among {', '.join(ALGORITHMS)}")
     private = [a for a in algorithms if a != "asgd"]
-    for flag in ("secure_noise", "eval_client_data"):
+    for flag in ("secure_noise", "eval_client_data", "audit_canaries"):
         if getattr(cfg, flag) and not private:
-            raise InvalidParameterError(flag, True, "given only when a private algorithm "
-                                        "(mapa, audp) runs")
+            raise InvalidParameterError(flag, getattr(cfg, flag), "given only when a private "
+                                        "algorithm (mapa, audp) runs")
     ds = load_edges(cfg.dataset, edges=cfg.edges, seed=cfg.seed)
     check_heldout(bool(private), ds.has_heldout, cfg.eval_client_data, cfg.dataset)
     _check_data(cfg, ds)
     model = make_model(cfg.model, ds)  # model/data mismatches fail before any ledger exists
+    if cfg.audit_canaries:  # M canaries need M coordinates
+        check_fits(cfg.audit_canaries, num_parameters(model))
     out_path = Path(out) if out is not None else None
     if out_path is not None and not resume:
         for name in algorithms:
@@ -171,9 +174,15 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
     schedule = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed, tau_max=cfg.tau_max)
     sim_s = time.perf_counter() - t0
     results: dict[str, Any] = {}
-    for name in dict.fromkeys(algorithms):
+    audit: dict[str, Any] | None = None
+    for name in dict.fromkeys(algorithms):  # --audit-canaries: the first private algorithm
         results[name] = run_algorithm(name, cfg, out=out_path, dataset=ds, schedule=schedule,
-                                      resume=resume)
+                                      resume=resume, audit=name == next(iter(private), None))
+        if "_canaries" in results[name]:
+            p, can = results[name]["privacy"], results[name]["_canaries"]
+            audit = finish(can, algorithm=f"{name} (edge {p['canaries']['edge']})",
+                           accounted_epsilon=p["per_edge"][p["canaries"]["edge"]],
+                           delta=p["delta"], out=out_path)
     public = {n: {k: v for k, v in r.items() if not k.startswith("_")}
               for n, r in results.items()}
     config = dataclasses.asdict(cfg) | {
@@ -190,10 +199,13 @@ def train(cfg: MapaConfig, *, algorithms: tuple[str, ...] = ALGORITHMS,
         config["noise_multiplier"] = {n: r["privacy"]["noise_multiplier"]
                                       for n, r in public.items() if "privacy" in r}
     comparison = _comparison(cfg, public)
+    sections: dict[str, Any] = {"comparison": comparison}
+    if audit is not None:
+        sections["audit"] = audit
     if out_path is not None:
-        write_report(out_path, config, public, sections={"comparison": comparison},
+        write_report(out_path, config, public, sections=sections,
                      settings=figure_settings(config))
         end = max(r["cloud_events"] for r in public.values())
         _plot_extras(out_path, schedule, end, public.get("mapa", {}).get("stages"),
                      config=config, algorithms=public)
-    return {"config": config, "algorithms": results, "comparison": comparison}
+    return {"config": config, "algorithms": results, **sections}

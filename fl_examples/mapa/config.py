@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_examples.core.asyncsim import TimingModel
+from fl_examples.core.canaries import check_count, refusal
 from fl_examples.core.data import (
     MAX_SYNTHETIC_CLIENTS,
     FederatedDataset,
@@ -132,6 +133,9 @@ class MapaConfig:
             a private run is a seeded simulation).
         eval_client_data: the private algorithms also evaluate on the edges' training and test
             data (listed as not covered by their epsilon).
+        audit_canaries: ``gaussian`` only: M > 0 plants M white-box canary records in one
+            edge's uploads (the edge with the most) of the first private algorithm and audits
+            the run against that edge's epsilon (:mod:`fl_examples.core.canaries`).
     """
 
     dataset: str = "digits"
@@ -173,6 +177,7 @@ class MapaConfig:
     lr: float = 0.1
     secure_noise: bool = False
     eval_client_data: bool = False
+    audit_canaries: int = 0
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_CHOICES:
@@ -224,6 +229,12 @@ class MapaConfig:
                 "used only with batch_sampler='poisson' (a Poisson sampler whose outcome stays "
                 "secret); a batch of b distinct records gets no amplification")
         self._check_gaussian()
+        m = check_count(self.audit_canaries, checkpoint_every=self.checkpoint_every)
+        if m and not gaussian:
+            raise refusal(m, f"with --noise {self.noise} (pure-DP Laplace uploads: the "
+                          "Gaussian one-run bound assumes Gaussian scores; privkit audit "
+                          "laplace-l2|laplace-l1 audits the mechanism; --noise gaussian "
+                          "uploads take canaries)")
         if self.step_schedule not in STEP_SCHEDULES:
             raise InvalidParameterError("step_schedule", self.step_schedule,
                                         " or ".join(STEP_SCHEDULES))

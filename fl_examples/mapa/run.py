@@ -23,6 +23,7 @@ import torch
 
 from fl_examples.core import checkpoint
 from fl_examples.core.asyncsim import Schedule, simulate
+from fl_examples.core.canaries import TrainerCanaries, canary_seed, privacy_notes
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.models import PerExampleModel, flatten, num_parameters
 from fl_examples.core.release import Publication
@@ -78,7 +79,7 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
 
     def __init__(self, algorithm: str, cfg: MapaConfig, model: PerExampleModel, data: _Data,
                  schedule: Schedule, ledger: Ledger | None, device: torch.device,
-                 heldout: str | None = None) -> None:
+                 heldout: str | None = None, audit: bool = False) -> None:
         self.algorithm, self.cfg, self.model, self.data = algorithm, cfg, model, data
         self.sched, self.ledger, self.device = schedule, ledger, device
         self.private = algorithm != "asgd"
@@ -132,6 +133,19 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
         self._meta = {"noise": cfg.noise, "sampler": cfg.batch_sampler}
         if self.z is not None:
             self._meta["noise_multiplier"] = self.z
+        # --audit-canaries (gaussian uploads): canary records of the edge with the most uploads
+        self.canaries: TrainerCanaries | None = None
+        self.audit_edge: int | None = None
+        if audit and cfg.audit_canaries and self.private and self.z is not None:
+            live = schedule.applied[:self.end].astype(bool)
+            counts = np.bincount(schedule.edge[:self.end][live], minlength=k)
+            e = self.audit_edge = int(np.argmax(counts))
+            self.canaries = TrainerCanaries(
+                cfg.audit_canaries, self.dim, seed=canary_seed(cfg.seed, algorithm),
+                noise_multiplier=self.z, sampling_probability=float(self.q[e]),
+                where=f"canary records of edge {e} (the edge with the most uploads, "
+                      f"{int(counts[e])}), each in its Poisson batches with the edge's rate "
+                      f"b / n = {float(self.q[e]):.4g}")
 
     def _z_for_steps(self) -> float | None:
         """z in the step-size formulas (ASGD never uses them with noise: any z will do)."""
@@ -251,6 +265,10 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
         res = report_entry(self)
         res["_model"] = self.x.detach().cpu()
         res["_ledger"] = self.ledger
+        if self.canaries is not None and "privacy" in res:
+            privacy_notes(res["privacy"], self.canaries)
+            res["privacy"]["canaries"]["edge"] = self.audit_edge
+            res["_canaries"] = self.canaries
         return res
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -301,8 +319,10 @@ class _Run(UploadsMixin, ChargesMixin, TrainerRun):
 
 def run_algorithm(algorithm: str, cfg: MapaConfig, *, out: Path | None = None,
                   dataset: FederatedDataset | None = None, schedule: Schedule | None = None,
-                  resume: bool = False) -> dict[str, Any]:
+                  resume: bool = False, audit: bool = False) -> dict[str, Any]:
     """Run one algorithm; returns its report entry (``history``, privacy, staleness, ...).
+    With ``audit`` (and ``cfg.audit_canaries``) the run plants canary records (its entry's
+    ``_canaries``; :mod:`fl_examples.core.canaries`).
 
     With ``out``, the ledger is ``out/ledger-<algorithm>.jsonl`` and checkpoints go to
     ``out/checkpoints/<algorithm>/`` every ``cfg.checkpoint_every`` applied updates;
@@ -326,7 +346,7 @@ def run_algorithm(algorithm: str, cfg: MapaConfig, *, out: Path | None = None,
         schedule = simulate(cfg.edges, cfg.updates, cfg.timing(), seed=cfg.seed,
                             tau_max=cfg.tau_max)
     run = _Run(algorithm, cfg, model, _pool(ds, device), schedule, None, device,
-               heldout=ds.description.get("heldout") if ds.has_heldout else None)
+               heldout=ds.description.get("heldout") if ds.has_heldout else None, audit=audit)
     # opened once the run's settings hold (the Gaussian mode's z is calibrated by now)
     run.ledger = _open_ledger(cfg, algorithm, out, resume) if algorithm != "asgd" else None
     drive(run, checkpoints=checkpoint_dir(out, algorithm), checkpoint_every=cfg.checkpoint_every,

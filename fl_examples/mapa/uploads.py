@@ -119,6 +119,8 @@ class UploadsMixin:
     applied: int
     flushes: int
     compute: float
+    canaries: Any  # the audit's TrainerCanaries (--audit-canaries), or None
+    audit_edge: int | None
 
     # and the run's ``_charge(edges)``, ``_will_apply(k)`` and ``_delta_s_for(version)``
 
@@ -211,6 +213,7 @@ class UploadsMixin:
         if mask is not None:
             per = per * mask[:, :, None].to(per.dtype)
         mean64 = per.sum(1) / b
+        planted = self._plant(per, mean64, ks, ds) if self.canaries is not None else None
         noise = np.empty((m, d))
         for i, (k, u) in enumerate(zip(ks, ups)):
             rng = self._rng(_TAG_NOISE, k, u)
@@ -223,7 +226,27 @@ class UploadsMixin:
                 noise[i] = l2_laplace_noise(noise[i], mech.alpha, rng=rng)
             else:
                 noise[i] = laplace_noise(noise[i], mech.l1_sensitivity(d) / mech.epsilon, rng=rng)
-        return (mean64 + torch.from_numpy(noise).to(mean64.device)).float()
+        out = (mean64 + torch.from_numpy(noise).to(mean64.device)).float()
+        if planted is not None:  # the audit scores the released upload's noisy sum
+            assert self.canaries is not None
+            self.canaries.observe(out[planted].double().cpu().numpy() * b)
+        return out
+
+    def _plant(self, per: Tensor, mean64: Tensor, ks: list[int], ds: np.ndarray) -> int | None:
+        """The audit's canary records in the audited edge's upload, if it is among ``ks``:
+        each canary taking part is one more per-example gradient (norm 2 C), clipped to C
+        like the others and added to the sum before the noise (in place on ``mean64``);
+        returns the job's index."""
+        assert self.canaries is not None
+        if self.audit_edge not in ks:
+            return None
+        i = ks.index(self.audit_edge)
+        clip = self.cfg.batch * float(ds[i]) / 2.0
+        take = self.canaries.begin(self.canaries.releases + 1, clip)
+        if take.any():
+            rows = torch.from_numpy(self.canaries.rows(take, clip)).to(per.device)
+            mean64[i] += clip_per_example(rows, clip).sum(0) / self.cfg.batch
+        return i
 
     def _flush(self) -> None:
         """Compute every pending upload that this run will make (batched path)."""

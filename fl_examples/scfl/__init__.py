@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_examples.core.canaries import check_fits, finish
 from fl_examples.core.epsilon_plot import ledger_epsilon_curves, plot_vs_epsilon
 from fl_examples.core.report import (
     Column,
@@ -155,7 +156,24 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
     out_path = Path(out) if out is not None else None
     if out_path is not None:
         out_path.mkdir(parents=True, exist_ok=True)
-    results = {m.value: run_method(m, sh, out=out_path, resume=resume) for m in methods}
+    # --audit-canaries: the first method whose clients send (noisy) gradients
+    audited = next((m for m in methods if m.uses_client_gradients), None) \
+        if cfg.audit_canaries else None
+    if cfg.audit_canaries and audited is None:
+        raise InvalidParameterError("audit_canaries", cfg.audit_canaries, "given only when a "
+                                    "method whose clients send gradients runs (not dp-cfl "
+                                    "alone)")
+    if audited is not None:  # M canaries need M coordinates of W (d x o)
+        check_fits(cfg.audit_canaries, int(sh.x_all.shape[1] * sh.y_all.shape[1]))
+    results = {m.value: run_method(m, sh, out=out_path, resume=resume, audit=m is audited)
+               for m in methods}
+    audit = None
+    if audited is not None:
+        entry = results[audited.value]
+        p, i = entry["gradient_privacy"], entry["gradient_privacy"]["canaries"]["client"]
+        audit = finish(entry["_canaries"],
+                       algorithm=f"{audited.value} (client {sh.data.client_ids[i]})",
+                       accounted_epsilon=p["per_client"][i], delta=p["delta"], out=out_path)
     t = sh.timing
     config = dataclasses.asdict(cfg) | {
         "algorithms": [m.value for m in methods],
@@ -174,10 +192,12 @@ def train(cfg: ScflConfig, *, algorithms: Any = ("scfl", "fl-pma"), out: str | P
     if out_path is not None:
         scope = (PRIVACY_SCOPE_GRADIENT_DP if cfg.gradient_dp else PRIVACY_SCOPE) \
             + _implied(results)
-        write_report(out_path, config, results, sections={"privacy_scope": scope}, note=scope,
-                     settings=_settings(config, results))
+        write_report(out_path, config, results, sections={"privacy_scope": scope} | (
+            {"audit": audit} if audit is not None else {}), note=scope,
+            settings=_settings(config, results))
         _plot_vs_epsilon(out_path, config, results, scope)
-    return {"config": config, "algorithms": results}
+    return {"config": config, "algorithms": results} | (
+        {"audit": audit} if audit is not None else {})
 
 
 def time_to_loss(history: list[dict[str, Any]], target: float,

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from fl_examples.core.canaries import check_count, refusal
 from fl_examples.core.run import check_shared_settings
 from privkit import _validate
 from privkit.accountants.midp import LabelMode
@@ -103,6 +104,10 @@ class ScflConfig:
             ``rounds`` epochs is at most this (instead of ``gradient_noise_multiplier``).
         gradient_clip: C, the per-example clip norm of the gradient noise.
         delta: the delta of the gradients' epsilon.
+        audit_canaries: with gradient noise, M > 0 plants M white-box canary records in one
+            client's gradients (the first gradient-sending method's; the client with the
+            largest sampling rate) and audits them against that client's epsilon
+            (:mod:`fl_examples.core.canaries`).
     """
 
     dataset: str = "digits"
@@ -145,6 +150,7 @@ class ScflConfig:
     gradient_noise_for_epsilon: float | None = None
     gradient_clip: float = 1.0
     delta: float = 1e-5
+    audit_canaries: int = 0
 
     @property
     def gradient_dp(self) -> bool:
@@ -207,6 +213,11 @@ class ScflConfig:
                     "given without gradient_noise_multiplier (one sets the other)")
         if self.gradient_noise_for_epsilon is not None:
             v.positive("gradient_noise_for_epsilon", self.gradient_noise_for_epsilon)
+        m = check_count(self.audit_canaries, checkpoint_every=self.checkpoint_every)
+        if m and not self.gradient_dp:
+            raise refusal(m, "without gradient noise (--noise-multiplier or --noise-for-epsilon):"
+                          " the coded upload's MI-DP is not an epsilon to audit (privkit audit "
+                          "coded audits it)")
         if self.gradient_dp and _enum(BatchSampling, "batch_sampling", self.batch_sampling) \
                 is not BatchSampling.BERNOULLI:
             raise InvalidParameterError(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import privkit
+from fl_examples.core.canaries import TrainerCanaries, canary_seed, privacy_notes
 from fl_examples.core.dp_modes import (
     charge_entries,
     epsilon_section,
@@ -166,7 +167,8 @@ class _Run(TrainerRun):
 
     records_ledger = False
 
-    def __init__(self, method: ScflMethod, sh: _Shared, ledger: Ledger | None = None) -> None:
+    def __init__(self, method: ScflMethod, sh: _Shared, ledger: Ledger | None = None,
+                 audit: bool = False) -> None:
         self.method, self.sh, cfg = method, sh, sh.cfg
         self.algorithm, self.cfg = method.value, cfg
         d, o = sh.x_all.shape[1], sh.y_all.shape[1]
@@ -211,6 +213,22 @@ class _Run(TrainerRun):
         self.dp = (_GradientDp.plan(cfg, sh.data.client_ids, sizes, self.batch,
                                     self.has_data & (self.p > 0))
                    if ledger is not None else None)
+        # --audit-canaries: canary records of one charged client (the largest rate, then the
+        # likeliest to arrive), in its released gradients
+        self.canaries: TrainerCanaries | None = None
+        self.audit_client: int | None = None
+        if audit and cfg.audit_canaries and self.dp is not None:
+            live = np.flatnonzero(self.has_data & (self.p > 0))
+            rates = np.array(self.dp.rates)
+            i = self.audit_client = int(live[np.lexsort((-self.p[live], -rates[live]))[0]])
+            self.canaries = TrainerCanaries(
+                cfg.audit_canaries, int(self.w.size), seed=canary_seed(cfg.seed, self.algorithm),
+                noise_multiplier=self.dp.noise_multiplier,
+                sampling_probability=float(rates[i]),
+                where=f"canary records of client {sh.data.client_ids[i]} (the largest "
+                      f"sampling rate, {rates[i]:.4g}; arrival probability {self.p[i]:.3g}), "
+                      "each in its Poisson minibatches, scored in the epochs its gradient "
+                      "arrives")
 
     # ---------------------------------------------------------------- the run protocol
     @property
@@ -236,6 +254,8 @@ class _Run(TrainerRun):
         priv = _privacy(self)
         if priv is not None:
             entry["privacy"] = priv
+        if self.canaries is not None:
+            entry["_canaries"] = self.canaries
         if self.dp is not None:
             entry["gradient_privacy"] = _gradient_privacy(self) | self.pub.notes(
                 proven_maths=True, public=[
@@ -246,6 +266,9 @@ class _Run(TrainerRun):
                     "the model and every metric computed from it", "the server's gradient "
                     "on the coded data enters every update: the coded upload is covered by "
                     "MI-DP (privacy.mi_dp_nats), not by this epsilon")])
+            if self.canaries is not None:
+                privacy_notes(entry["gradient_privacy"], self.canaries)
+                entry["gradient_privacy"]["canaries"]["client"] = self.audit_client
         if self.stopped:
             entry["stopped"] = self.stopped
         return entry
@@ -333,6 +356,8 @@ class _Run(TrainerRun):
                     assert self.dp is not None
                     g_i = dp_client_gradient(sh.data.x[i], sh.data.y[i], w, *rows[i],
                                              clip=self.dp.clip, noise=noise[i])
+                    if i == self.audit_client:
+                        g_i = self._plant(g_i, rows[i][1])
                 out += weights[i] * g_i
             return out
 
@@ -372,6 +397,21 @@ class _Run(TrainerRun):
         self.arrivals.append(int(arrived.sum()))
         self.wall += time.perf_counter() - start
         return True
+
+    def _plant(self, g: np.ndarray, scale: float) -> np.ndarray:
+        """The audit's canary records in the audited client's released gradient ``g =
+        scale (clipped sum + noise)``: each canary taking part is one more per-example
+        gradient of norm 2 C clipped to C, in the sum before the noise; the release is
+        scored (in units of C: noise N(0, z^2))."""
+        assert self.canaries is not None and self.dp is not None
+        c = self.dp.clip
+        take = self.canaries.begin(self.canaries.releases + 1, c)
+        rows = self.canaries.rows(take, c)
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        clipped = rows * np.minimum(1.0, c / np.maximum(norms, 1e-300))
+        out = g + scale * clipped.sum(0).reshape(g.shape)
+        self.canaries.observe((out / scale).ravel())
+        return out
 
     # ------------------------------------------------------------------ evaluation
     def _metrics(self, w: np.ndarray) -> dict[str, float]:
@@ -513,18 +553,20 @@ def _setup(cfg: ScflConfig, methods: list[ScflMethod]) -> _Shared:
 
 
 def run_method(method: ScflMethod, sh: _Shared, *, out: Path | None = None,
-               resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+               resume: bool = False, stop_after: int | None = None, audit: bool = False
+               ) -> dict[str, Any]:
     """Run one method for ``cfg.rounds`` epochs; returns its report entry (and ``_model``).
 
     With gradient noise the method's ledger is ``OUT/ledger-<method>.jsonl`` (reopened,
-    never reset, on resume)."""
+    never reset, on resume); with ``audit`` (and ``cfg.audit_canaries``) it plants canary
+    records (its entry's ``_canaries``; :mod:`fl_examples.core.canaries`)."""
     cfg = sh.cfg
     ledger = None
     if cfg.gradient_dp and method.uses_client_gradients:
         ledger = open_ledger(out, method.value,
                              population_id=f"{cfg.dataset}|seed={cfg.seed}|{method.value}",
                              delta=cfg.delta, resume=resume)
-    run = _Run(method, sh, ledger)
+    run = _Run(method, sh, ledger, audit=audit)
     drive(run, checkpoints=checkpoint_dir(out, method.value),
           checkpoint_every=sh.cfg.checkpoint_every, eval_every=sh.cfg.eval_every,
           resume=resume, stop_after=stop_after)

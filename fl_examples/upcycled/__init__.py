@@ -22,6 +22,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from fl_examples.core.canaries import finish
 from fl_examples.core.data import parse_dataset_spec
 from fl_examples.core.epsilon_plot import ledger_epsilon_curves, plot_vs_epsilon
 from fl_examples.core.privacy import clip_features
@@ -51,7 +52,9 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
 
     Baselines in a comparison with Upcycled-FL run ``iterations // 2`` rounds (the paper's
     80/80/160, the same number of data rounds) or ``iterations`` (private runs, the paper's
-    privacy experiments): see ``UpcycledConfig.baseline_iterations``.
+    privacy experiments): see ``UpcycledConfig.baseline_iterations``. With
+    ``cfg.audit_canaries`` the main algorithm's run is audited: ``OUT/audit_scores.json``, and
+    the result's (and the report's) ``audit`` block (:mod:`fl_examples.core.canaries`).
     """
     for name in (algorithm, *compare):
         if name not in ALGORITHMS:
@@ -62,25 +65,33 @@ def train(cfg: UpcycledConfig, *, compare: tuple[str, ...] = (), out: str | Path
         ds = clip_features(ds, cfg.feature_norm)
     out_path = Path(out) if out is not None else None
     results: dict[str, Any] = {}
+    audit: dict[str, Any] | None = None
     for name in dict.fromkeys((algorithm, *compare)):
         half = cfg.baseline_iterations == "half" or (
             cfg.baseline_iterations == "auto" and cfg.privacy == "none")
         iters = cfg.iterations if (name == "upcycled" or algorithm != "upcycled" or not half) \
             else max(cfg.iterations // 2, 1)
-        res = run_algorithm(name, cfg, ds, iterations=iters, out=out_path, resume=resume)
+        # --audit-canaries: the main algorithm's releases only
+        run_cfg = cfg if name == algorithm else dataclasses.replace(cfg, audit_canaries=0)
+        res = run_algorithm(name, run_cfg, ds, iterations=iters, out=out_path, resume=resume)
         done = res["history"][-1]["iteration"] if res["history"] else 0
         results[name] = {"history": res["history"], "iterations": iters,
                          "data_rounds": (done + 1) // 2 if name == "upcycled" else done}
         if "privacy" in res:
             results[name]["privacy"] = res["privacy"]
         results[name]["_model"] = res["model"]
+        if "_canaries" in res:
+            p = res["privacy"]
+            audit = finish(res["_canaries"], algorithm=name, accounted_epsilon=p["epsilon_max"],
+                           delta=p["delta"], out=out_path)
     config = dataclasses.asdict(cfg) | {"algorithm": algorithm, "compare": list(compare),
                                         "dataset_description": ds.description,
                                         "num_clients": ds.num_clients} | _calibrated(results)
+    sections = {"audit": audit} if audit is not None else None
     if out_path is not None:
-        write_report(out_path, config, results, settings=_settings(config))
+        write_report(out_path, config, results, settings=_settings(config), sections=sections)
         _plot_vs_epsilon(out_path, config, results)
-    return {"config": config, "algorithms": results}
+    return {"config": config, "algorithms": results, **(sections or {})}
 
 
 def _settings(config: dict[str, Any]) -> str:

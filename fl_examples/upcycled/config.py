@@ -43,8 +43,19 @@ APPLIES: dict[str, tuple[str, ...]] = {
 #: The defaults of the privacy settings, filled for the models that use them.
 DEFAULTS: dict[str, Any] = {
     "sensitivity": "replace-one", "stddev": 1.0, "alpha": 20.0,
-    "noise_multiplier": 1.0, "server_lr": 1.0, "server_momentum": 0.0, "noise_target": "max",
+    "noise_multiplier": 1.0, "server_lr": 1.0, "noise_target": "max",
     "mechanism": "gaussian",
+}
+#: The client-level defaults that depend on the mechanism, filled for the settings left out.
+#: DP-FedAvg (``gaussian``): the clip norm tracks the median update norm (adaptive clipping,
+#: Andrew et al. 2021; ``l2_clip_norm`` is then the initial C, ``adaptive_clip=0`` keeps it
+#: fixed) and the server applies the noisy mean with heavy-ball momentum 0.5 (learning rate 1).
+#: Banded MF (``bandmf``): a fixed clip norm (its sensitivity is for one) and no momentum (its
+#: strategy is optimised for the prefix sums plain server steps accumulate).
+#: docs/trainers/private_utility.md measures them (bench/private_utility.py).
+CLIENT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gaussian": {"adaptive_clip": 0.5, "server_momentum": 0.5},
+    "bandmf": {"server_momentum": 0.0},
 }
 #: Client-level mechanisms: ``gaussian`` (DP-FedAvg, Poisson sampling) and ``bandmf``
 #: (banded matrix factorization, :mod:`fl_examples.core.banded`).
@@ -98,14 +109,18 @@ class UpcycledConfig:
             smaller value is refused, a larger one is used as given).
         delta: the delta every epsilon is reported at (default: the paper's 1e-3 for
             ``output``/``objective``, 1e-5 for ``client``/``record``).
-        noise_multiplier: z of ``client`` and ``record`` (noise stddev over the clip norm).
+        noise_multiplier: z of ``client`` and ``record`` (noise stddev over the clip norm; at
+            ``client`` with adaptive clipping, the sum's: the round is priced at the joint z).
         client_rate: q of ``client``: each client joins a data round with this probability
             (default: ``fraction``).
         server_lr, server_momentum: the server optimiser of ``client`` (DP-FedAvg), applied
-            to the noisy mean update.
-        adaptive_clip: a target quantile in (0, 1) turns on adaptive clipping for ``client``
-            (Andrew et al. 2021; its noisy count and the sum are one release per round,
-            priced jointly: :meth:`privkit.AdaptiveClipping.round_event`).
+            to the noisy mean update (default: learning rate 1, momentum 0.5 with
+            ``gaussian`` and 0 with ``bandmf``; :data:`CLIENT_DEFAULTS`).
+        adaptive_clip: ``client`` with ``gaussian``: the quantile of the update norms the clip
+            norm tracks from ``l2_clip_norm`` (adaptive clipping, Andrew et al. 2021; default
+            0.5; 0 keeps the clip norm fixed). Its noisy count (stddev
+            :func:`~fl_examples.core.dp_modes.adaptive_count_stddev`) and the sum are one
+            release per round, priced jointly: :meth:`privkit.AdaptiveClipping.round_event`.
         epsilon_budget: per-client budget; the run stops before a client would exceed it.
         allow_unproven: run objective perturbation although Thm C.2 does not hold here (SGD is
             not an exact minimiser); its epsilon is then marked NOT PROVEN.
@@ -134,6 +149,8 @@ class UpcycledConfig:
         groups: ``bandmf`` with ``cyclic`` or ``poisson``: g, the groups (default: bands).
         min_separation: ``bandmf`` with ``minsep``: s, data rounds between two participations
             of a client (default: bands).
+        audit_canaries: ``client`` only: M > 0 plants M white-box canary clients in the main
+            algorithm's releases and audits the run (:mod:`fl_examples.core.canaries`).
 
     The privacy settings left at None take their model's default (:data:`DEFAULTS`); one
     given for a model that does not use it is refused (:data:`APPLIES`), so the recorded
@@ -181,6 +198,7 @@ class UpcycledConfig:
     participation: str | None = None
     groups: int | None = None
     min_separation: int | None = None
+    audit_canaries: int = 0
 
     def __post_init__(self) -> None:
         float32_scale("mu", self.mu, allow_zero=True)
@@ -236,10 +254,10 @@ class UpcycledConfig:
                 raise InvalidParameterError("server_momentum", self.server_momentum,
                                             "in [0, 1)")
         if self.adaptive_clip is not None:
-            a = _validate.positive("adaptive_clip", self.adaptive_clip)
-            if not a < 1:
+            a = _validate.real("adaptive_clip", self.adaptive_clip)
+            if not 0 <= a < 1:
                 raise InvalidParameterError("adaptive_clip", self.adaptive_clip,
-                                            "a quantile in (0, 1)")
+                                            "a quantile in (0, 1), or 0 for a fixed clip norm")
         if self.noise_for_epsilon is not None:
             target = _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
             if self.epsilon_budget is not None and target > self.epsilon_budget:
@@ -260,6 +278,7 @@ class UpcycledConfig:
         if self.privacy == "output" and self.sensitivity == "strongly-convex":
             self._check_strongly_convex()
         self._check_mechanism()
+        check_audit(self.audit_canaries, self.privacy, self.checkpoint_every)
         if self.baseline_iterations not in ("auto", "half", "same"):
             raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
                                         "auto, half or same")
@@ -276,8 +295,10 @@ class UpcycledConfig:
                 if getattr(self, name) is not None:
                     raise InvalidParameterError(name, getattr(self, name),
                                                 "given only with --mechanism bandmf")
+            self._fill(CLIENT_DEFAULTS["gaussian"])
             return
-        if self.adaptive_clip is not None:
+        self._fill(CLIENT_DEFAULTS["bandmf"])
+        if self.adaptive_clip:
             raise InvalidParameterError("adaptive_clip", self.adaptive_clip,
                                         "left out with --mechanism bandmf (its sensitivity "
                                         "is for a fixed clip norm)")
@@ -304,6 +325,11 @@ class UpcycledConfig:
             raise InvalidParameterError("client_rate", self.client_rate, "left out with "
                                         "--participation cyclic (every member of the "
                                         "round's group takes part)")
+
+    def _fill(self, defaults: dict[str, Any]) -> None:
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
 
     @property
     def effective_client_rate(self) -> float:
@@ -337,6 +363,29 @@ class UpcycledConfig:
         if self.lipschitz is not None:
             return self.lipschitz
         return None if self.feature_norm is None else logreg_lipschitz(self.feature_norm)
+
+
+def check_audit(m: int, privacy: str, checkpoint_every: int) -> None:
+    """``audit_canaries`` (``--audit-canaries``): client level only; the others refused in one
+    line saying why (:mod:`fl_examples.core.canaries`)."""
+    from fl_examples.core.canaries import check_count, refusal
+
+    n = check_count(m, checkpoint_every=checkpoint_every)
+    why = {
+        "none": "without --privacy (a non-private run has no accounted epsilon to audit)",
+        "record": "with --privacy record (record-level DP-SGD runs inside each client, "
+                  "privkit.torch.ClientsDpSgd: its noisy steps are never released and it "
+                  "takes no extra per-example gradients; audit DP-SGD with "
+                  "privkit.torch.make_private and DpSgd.step(extra_gradients=), "
+                  "docs/audit-runs.md)",
+        "output": "with --privacy output (each client releases its own noisy model, no "
+                  "sum: a canary would only re-test the Gaussian mechanism, which privkit "
+                  "audit gaussian does)",
+        "objective": "with --privacy objective (the noise is in each client's own "
+                     "objective, no released sum to plant a canary in: privkit audit "
+                     "objective audits the mechanism)"}
+    if n and privacy in why:
+        raise refusal(n, why[privacy])
 
 
 def extrapolation(cfg: UpcycledConfig, m: int) -> float:

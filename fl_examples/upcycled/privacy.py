@@ -8,7 +8,13 @@ from typing import Any
 import privkit
 from fl_examples.core.banded import banded_plan
 from fl_examples.core.data import FederatedDataset
-from fl_examples.core.dp_modes import ClientDpPlan, RecordDpPlan, calibrate_record
+from fl_examples.core.dp_modes import (
+    ClientDpPlan,
+    RecordDpPlan,
+    adaptive_count_stddev,
+    adaptive_sum_noise,
+    calibrate_record,
+)
 from fl_examples.core.dpsgd import DpSgdSettings, steps_per_client
 from fl_examples.core.privacy import (
     PrivacyPlan,
@@ -75,10 +81,11 @@ def data_rounds(algorithm: str, iterations: int) -> int:
 def client_plan(cfg: UpcycledConfig, ds: FederatedDataset, z: float | None = None
                 ) -> ClientDpPlan:
     q = cfg.effective_client_rate
-    adaptive = None if cfg.adaptive_clip is None else AdaptiveClipping(
-        cfg.adaptive_clip, learning_rate=0.2, count_stddev=max(q * ds.num_clients / 20, 1e-3),
-        sampling_probability=q)
     z = z if z is not None else cfg.noise_multiplier or 1.0  # 1.0: a placeholder to calibrate
+    # --adaptive-clip 0: a fixed clip norm; the count's noise: adaptive_count_stddev
+    adaptive = None if not cfg.adaptive_clip else AdaptiveClipping(
+        cfg.adaptive_clip, learning_rate=0.2,
+        count_stddev=adaptive_count_stddev(q * ds.num_clients, z), sampling_probability=q)
     return ClientDpPlan(ds.num_clients, q, cfg.l2_clip_norm, z, server_lr=cfg.server_lr,
                         server_momentum=cfg.server_momentum, adaptive=adaptive)
 
@@ -166,17 +173,11 @@ def _banded(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteration
 
 
 def _sum_noise(plan: ClientDpPlan, joint: float, target: float) -> float:
-    """The sum's z giving the round the calibrated joint multiplier (adaptive clipping)."""
+    """The sum's z giving the round the calibrated joint multiplier (adaptive clipping; its
+    count's noise follows the sum's, :func:`~fl_examples.core.dp_modes.adaptive_count_stddev`,
+    so every target is reachable)."""
     assert plan.adaptive is not None
-    try:
-        return plan.adaptive.sum_noise_multiplier(joint)
-    except InvalidParameterError:
-        raise InvalidParameterError(
-            "noise_for_epsilon", target, f"reachable with --adaptive-clip: the round needs a "
-            f"joint noise multiplier of {joint:.4g}, but the count's noise (stddev q N / 20 = "
-            f"{plan.adaptive.count_stddev:.4g}) alone allows at most "
-            f"{plan.adaptive.count_noise_multiplier:.4g}; raise the target, or drop "
-            "--adaptive-clip") from None
+    return adaptive_sum_noise(plan.expected_clients, joint)
 
 
 def _privacy_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iterations: int

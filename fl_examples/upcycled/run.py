@@ -10,10 +10,12 @@ from typing import Any
 import torch
 
 from fl_examples.core.banded import BandedDpPlan
+from fl_examples.core.canaries import TrainerCanaries, canary_seed, for_plan, privacy_notes
 from fl_examples.core.data import FederatedDataset, Split
 from fl_examples.core.dp_modes import charge_entries
 from fl_examples.core.dpsgd import client_streams, local_dpsgd
 from fl_examples.core.local import local_sgd
+from fl_examples.core.models import num_parameters
 from fl_examples.core.privacy import (
     BudgetStop,
     PrivacyPlan,
@@ -88,6 +90,8 @@ class _Run(TrainerRun):
         self.precharged: dict[int, set[str]] = {}
         # the server's state under client-level DP: clip norm (adaptive) and momentum buffer
         self.server: dict[str, Any] = {}
+        # --audit-canaries: the canary clients planted in the releases (client level)
+        self.canaries: TrainerCanaries | None = None
 
     # -- the run protocol -------------------------------------------------------------------
     @property
@@ -127,6 +131,9 @@ class _Run(TrainerRun):
             result["privacy"] = p
             if self.stopped:
                 result["privacy"]["stopped"] = self.stopped
+            if self.canaries is not None:
+                privacy_notes(p, self.canaries)
+                result["_canaries"] = self.canaries
         return result
 
     # -- one iteration ----------------------------------------------------------------------
@@ -273,9 +280,10 @@ class _Run(TrainerRun):
         noise = self._charge(r, sel)  # after the updates are known finite, before any noise
         if self.banded:
             new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
-                                    sel=sel, data_round=r)
+                                    sel=sel, data_round=r, canaries=self.canaries)
         else:
-            new = self.plan.release(self.w, local, self.server, noise)  # type: ignore[union-attr]
+            new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
+                                    canaries=self.canaries)
         self.compute += time.perf_counter() - t0
         return new
 
@@ -417,10 +425,15 @@ def run_algorithm(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, *,
     device = resolve_device(cfg.device)
     model = _model(cfg, ds)  # model/data mismatches fail before any ledger file is created
     plan, calibration = _privacy_plan(algorithm, cfg, ds, iterations)
+    # --audit-canaries (client level): M must fit the model, checked before any ledger exists
+    canaries = for_plan(plan, cfg.audit_canaries, num_parameters(model),
+                        seed=canary_seed(cfg.seed, algorithm)) \
+        if cfg.audit_canaries and plan is not None else None
     ledger = _open_ledger(algorithm, cfg, out, resume, plan.neighboring_relation) \
         if plan is not None else None
     run = _Run(algorithm, cfg, ds, device, plan, ledger, model, iterations=iterations,
                calibration=calibration)
+    run.canaries = canaries
     drive(run, checkpoints=checkpoint_dir(out, algorithm),
           checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
           stop_after=stop_after)

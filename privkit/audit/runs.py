@@ -75,6 +75,11 @@ METHODS: Mapping[str, tuple[str, ...]] = {
 """The lower bounds :meth:`CanaryRun.audit` computes for each mode."""
 
 
+#: How :meth:`RunAudit.summary` names each method.
+_METHOD_NAMES = {"one-run": "Steinke et al. one-run", "gaussian-one-run": "gaussian one-run",
+                 "clopper-pearson": "Clopper-Pearson", "gdp": "GDP"}
+
+
 def final_model_estimate(in_scores: Any, out_scores: Any, *, delta: float) -> EpsilonEstimate:
     """Andrew et al.'s (ICLR 2024) one-shot **estimate**: a Gaussian fitted to the in-scores
     (cosines of the inserted canaries with the final model change) and one to the
@@ -146,6 +151,25 @@ class RunAudit:
                 "bounds": [b.to_dict() for b in self.bounds],
                 "estimates": [e.to_dict() for e in self.estimates]}
 
+    def summary(self) -> str:
+        """One line: the largest lower bound beside the accounted epsilon (what a trainer run
+        with ``--audit-canaries`` and ``privkit audit run`` print).
+
+        Examples:
+            >>> b = EpsilonLowerBound(1.234, "gaussian-one-run", 0.95, 1e-5, (), {})
+            >>> RunAudit((b,), (), 4.0, 0.95).summary()
+            'audit: empirical epsilon >= 1.23 (gaussian one-run, 95%) beside the accounted 4.00'
+        """
+        b = self.best
+        name = _METHOD_NAMES.get(b.method, b.method)
+        head = f"audit: empirical epsilon >= {b.epsilon_lower_bound:.2f} ({name}, " \
+            f"{b.confidence:.0%})"
+        if self.accounted_epsilon is None:
+            return head + " (no accounted epsilon given)"
+        flag = ": ABOVE IT, the run leaks more than its accounting says" if self.exceeded \
+            else ""
+        return f"{head} beside the accounted {self.accounted_epsilon:.2f}{flag}"
+
     def lines(self) -> list[str]:
         """A few lines for a person: each bound beside the accounted epsilon."""
         acc = "none given" if self.accounted_epsilon is None else f"{self.accounted_epsilon:.4g}"
@@ -204,8 +228,19 @@ class CanaryRun:
         if not isinstance(self.settings, Mapping):
             raise InvalidParameterError("settings", self.settings, "a mapping")
 
-    def audit(self, confidence: float = DEFAULT_CONFIDENCE) -> RunAudit:
-        """Every bound of :data:`METHODS` for this run's mode, each at ``confidence``."""
+    @property
+    def confidence(self) -> float:
+        """The confidence the run's own audit used: ``settings["confidence"]`` where it saved
+        one, else :data:`DEFAULT_CONFIDENCE`."""
+        return float(self.settings.get("confidence", DEFAULT_CONFIDENCE))
+
+    def audit(self, confidence: float | None = None) -> RunAudit:
+        """Every bound of :data:`METHODS` for this run's mode, each at ``confidence`` (None:
+        :attr:`confidence`)."""
+        confidence = self.confidence if confidence is None else confidence
+        c = _validate.real("confidence", confidence)
+        if not 0 < c < 1 or math.isnan(c):
+            raise InvalidParameterError("confidence", confidence, "in the open interval (0, 1)")
         d = float(self.delta)
         bounds: list[EpsilonLowerBound] = []
         estimates: list[EpsilonEstimate] = []
@@ -277,10 +312,10 @@ class CanaryRun:
         return cls.from_json(obj)
 
 
-def recompute(path: str | os.PathLike[str], confidence: float = DEFAULT_CONFIDENCE
-              ) -> RunAudit:
+def recompute(path: str | os.PathLike[str], confidence: float | None = None) -> RunAudit:
     """The bounds of a saved run, recomputed from its scores (what ``privkit audit run OUT``
-    prints).
+    prints), at ``confidence`` (None: the run's own, ``settings["confidence"]`` where the run
+    saved one, e.g. a trainer's ``--audit-canaries``, else :data:`DEFAULT_CONFIDENCE`).
 
     Examples:
         >>> import tempfile, numpy as np
@@ -292,7 +327,5 @@ def recompute(path: str | os.PathLike[str], confidence: float = DEFAULT_CONFIDEN
         >>> [round(b.epsilon_lower_bound, 2) for b in a.bounds], a.exceeded
         ([0.94, 2.69, 4.15], False)
     """
-    c = _validate.real("confidence", confidence)
-    if not 0 < c < 1 or math.isnan(c):
-        raise InvalidParameterError("confidence", confidence, "in the open interval (0, 1)")
-    return CanaryRun.load(path).audit(c)
+    run = CanaryRun.load(path)
+    return run.audit(run.confidence if confidence is None else confidence)

@@ -400,13 +400,23 @@ def one_run_p_value(m: int, guesses: int, correct: int, epsilon: float, delta: f
     return _p_value(n, r, v, e, d)
 
 
+def _binom_sf(k: Any, n: int, p: float) -> np.ndarray:
+    """``P[Binomial(n, p) > k]`` for integer ``k`` (arrays too): ``scipy.special.bdtrc``,
+    1 below 0 and 0 from n on (what ``scipy.stats.binom.sf`` gives, to ~1e-11 relative,
+    without importing scipy.stats: a trainer's audit computes its bounds at the end of a
+    run, and that import alone can cost a short run more than its canaries do)."""
+    kk = np.asarray(k, dtype=np.float64)
+    inside = np.clip(kk, 0.0, max(n - 1, 0))
+    return np.where(kk < 0, 1.0, np.where(kk >= n, 0.0, special.bdtrc(inside, n, p)))
+
+
 def _p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
     q = float(special.expit(eps))
-    beta = float(stats.binom.sf(v - 1, r, q))
+    beta = float(_binom_sf(v - 1, r, q))
     if delta == 0.0 or v == 0:
         return min(beta, 1.0)
     i = np.arange(1, v + 1)
-    gaps = (stats.binom.sf(v - i - 1, r, q) - beta) / i
+    gaps = (_binom_sf(v - i - 1, r, q) - beta) / i
     return min(beta + 2.0 * m * delta * float(np.max(gaps)), 1.0)
 
 
@@ -580,8 +590,9 @@ def gaussian_bound(in_scores: Any, out_scores: Any, *, delta: float,
     alpha = 1.0 - c
     mu_hat, t_obs, df, scale = _separation(in_s, out_s)
 
-    def tail(nc: float) -> float:
-        return float(stats.nct.sf(t_obs, df, nc)) - alpha
+    def tail(nc: float) -> float:  # P[T >= t_obs] - alpha (the noncentral t's sf, as
+        # 1 - scipy.special.nctdtr: scipy.stats' own to ~1e-16, without importing it)
+        return min(max(1.0 - float(special.nctdtr(df, nc, t_obs)), 0.0), 1.0) - alpha
 
     if t_obs <= 0 or tail(0.0) >= 0:
         nc_lb = 0.0
@@ -589,9 +600,16 @@ def gaussian_bound(in_scores: Any, out_scores: Any, *, delta: float,
         hi = t_obs
         while tail(hi) <= 0:  # sf at nc = t_obs is ~1/2 > alpha; guard odd inputs anyway
             hi *= 2.0
-        nc_lb = float(optimize.brentq(tail, 0.0, hi, xtol=1e-13, rtol=1e-15))
-        if tail(nc_lb) > 0:  # keep the end whose tail is <= alpha (the conservative one)
-            nc_lb = math.nextafter(nc_lb, 0.0)
+        lo = 0.0  # bisection keeping tail(lo) <= 0 < tail(hi): lo is the conservative end
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if tail(mid) <= 0:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= 1e-13 + 1e-15 * hi:
+                break
+        nc_lb = lo
     mu_lb = max(0.0, nc_lb * scale)
     var_in = float(np.var(in_s, ddof=1)) if in_s.size > 1 else float("nan")
     var_out = float(np.var(out_s, ddof=1)) if out_s.size > 1 else float("nan")

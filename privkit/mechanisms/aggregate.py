@@ -429,7 +429,11 @@ class AdaptiveClipping:
     def joint_noise_multiplier(self, noise_multiplier: float) -> float:
         """z_eff of one round whose sum has noise multiplier ``noise_multiplier``."""
         z = _validate.positive("noise_multiplier", noise_multiplier)
-        return (z ** -2 + self.count_noise_multiplier ** -2) ** -0.5
+        zc = self.count_noise_multiplier
+        try:
+            return (z ** -2 + zc ** -2) ** -0.5
+        except OverflowError:  # z below ~1e-154: the same value, computed without z^-2
+            return z / math.sqrt(1 + (z / zc) ** 2)
 
     def sum_noise_multiplier(self, joint_noise_multiplier: float) -> float:
         """The sum's z that gives the round the joint multiplier ``joint_noise_multiplier``.

@@ -89,7 +89,7 @@ def run_client(s: dict[str, Any], tap: Tap) -> None:
     adaptive clipping the round's C_t and also the count (``AdaptiveClipping.update``, bound
     1/2) and the pair jointly against 1 / z_eff. Pinned public constants: the divisor
     q N (``ClientDpPlan.expected_clients``) and, with adaptive clipping, the count's
-    stddev q N / 20 (D's ``AdaptiveClipping``)."""
+    stddev max(q N / 20, 2.5 z) (D's ``AdaptiveClipping``)."""
     base = toy_clients(s["data"], _sizes(s))
     tap.target = len(base)
     target = opposite(toy_clients(s["data"] + 1, [7])[0])
@@ -97,7 +97,8 @@ def run_client(s: dict[str, Any], tap: Tap) -> None:
     adaptive = s.get("adaptive")
     cfg = _config(s, privacy="client", client_rate=s["q"], l2_clip_norm=s["clip"],
                   noise_multiplier=1.0, stragglers=s.get("stragglers", 0.0),
-                  local_epochs=s.get("epochs", 2), adaptive_clip=adaptive)
+                  local_epochs=s.get("epochs", 2),
+                  adaptive_clip=0.0 if adaptive is None else adaptive)  # 0: a fixed clip
     with pytest.MonkeyPatch.context() as mp:
         track_selection(mp, tap)
         pin(mp, tap, ClientDpPlan, "expected_clients")

@@ -22,7 +22,7 @@ from dp_accounting.pld import pld_privacy_accountant
 import privkit
 from fl_examples.core import dpsgd
 from fl_examples.core.data import parse_dataset_spec
-from fl_examples.core.dp_modes import POPULATION, ClientDpPlan
+from fl_examples.core.dp_modes import POPULATION, ClientDpPlan, adaptive_count_stddev
 from fl_examples.core.dpsgd import DpSgdSettings, local_dpsgd
 from fl_examples.core.local import pad_clients
 from fl_examples.core.models import MLP, MultinomialLogReg
@@ -97,7 +97,7 @@ def test_client_event_has_amplification_only_when_sampled():
 
 def test_client_mode_run_charges_each_data_round_and_dp_accounting_agrees(tmp_path, digits):
     cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_multiplier=0.8,
-                         client_rate=0.4, iterations=7, **BASE)
+                         client_rate=0.4, iterations=7, adaptive_clip=0, **BASE)
     res = run_algorithm("upcycled", cfg, digits, iterations=7, out=tmp_path)
     p = res["privacy"]
     assert p["charged_rounds"] == 4  # iterations 1, 3, 5, 7; even ones are free
@@ -127,7 +127,7 @@ def test_client_mode_run_charges_each_data_round_and_dp_accounting_agrees(tmp_pa
 
 def test_client_mode_calibrates_to_the_target(digits):
     cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_for_epsilon=2.0,
-                         client_rate=0.3, iterations=10, **BASE)
+                         client_rate=0.3, iterations=10, adaptive_clip=0, **BASE)
     res = run_algorithm("fedavg", cfg, digits, iterations=10)
     p = res["privacy"]
     assert p["epsilon_max"] <= 2.0 and p["epsilon_max"] > 1.9
@@ -142,7 +142,8 @@ def test_adaptive_clipping_is_charged_as_one_release_with_the_sum(digits):
                          client_rate=0.5, adaptive_clip=0.5, iterations=3, **BASE)
     res = run_algorithm("fedprox", cfg, digits, iterations=3)
     comp = res["privacy"]
-    count_sd = max(0.5 * digits.num_clients / 20, 1e-3)
+    count_sd = adaptive_count_stddev(0.5 * digits.num_clients, 1.0)  # max(q N / 20, 2.5 z)
+    assert count_sd == 2.5
     z_eff = (1.0 + (2 * count_sd) ** -2) ** -0.5
     joint = DpaS(DpaP(0.5, DpaG(z_eff)), 3)
     assert comp["epsilon_max"] >= _dpa_epsilon(joint, 1e-5) * (1 - 1e-3)
@@ -152,20 +153,24 @@ def test_adaptive_clipping_is_charged_as_one_release_with_the_sum(digits):
 
 def test_the_issues_adaptive_clip_run_is_priced_jointly():
     """synthetic:iid@1000/60, fedavg, q 0.02, C 1, z 1.1, adaptive 0.5, 10 rounds: the round
-    is PoissonSampled(0.02, Gaussian(z_eff)); the separate charges printed 0.8139."""
+    is PoissonSampled(0.02, Gaussian(z_eff)), z_eff below the sum's own z (the count is
+    charged)."""
     cfg = UpcycledConfig(dataset="synthetic:iid@1000/60", privacy="client",
                          adaptive_clip=0.5, client_rate=0.02, l2_clip_norm=1.0,
                          noise_multiplier=1.1, iterations=10, local_epochs=1, stragglers=0.0,
                          device="cpu")
     ds = parse_dataset_spec(cfg.dataset, seed=0)
     p = run_algorithm("fedavg", cfg, ds, iterations=10)["privacy"]
-    z_eff = (1.1 ** -2 + (2 * 1.0) ** -2) ** -0.5  # count stddev q N / 20 = 1, centred
+    # count stddev max(q N / 20, 2.5 z) = 2.75, centred (sensitivity 1/2)
+    z_eff = (1.1 ** -2 + (2 * 2.75) ** -2) ** -0.5
+    assert p["adaptive_clipping"]["count_stddev"] == pytest.approx(2.75)
     assert p["epsilon_max"] >= _dpa_epsilon(DpaS(DpaP(0.02, DpaG(z_eff)), 10), 1e-5) * 0.999
-    assert p["epsilon_max"] > 0.8139 * 1.02
+    assert p["epsilon_max"] > _dpa_epsilon(DpaS(DpaP(0.02, DpaG(1.1)), 10), 1e-5) * 1.005
 
 
-def test_adaptive_clip_calibration_hits_the_joint_target_or_says_it_cannot(digits):
-    # 30 clients at q 0.5: the count's stddev is 0.75 (its noise multiplier 1.5)
+def test_adaptive_clip_calibration_hits_the_joint_target_even_for_a_small_cohort(digits):
+    # 30 clients at q 0.5: q N / 20 = 0.75 would make the count's noise multiplier 1.5, below
+    # the z that epsilon 3 needs; its floor 2.5 z keeps every target reachable
     cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_for_epsilon=8.0,
                          client_rate=0.5, adaptive_clip=0.5, iterations=6, **BASE)
     p = run_algorithm("fedavg", cfg, digits, iterations=6)["privacy"]
@@ -174,13 +179,16 @@ def test_adaptive_clip_calibration_hits_the_joint_target_or_says_it_cannot(digit
     assert _dpa_epsilon(DpaS(DpaP(0.5, DpaG(z_eff)), 6), 1e-5) <= 8.0 * 1.01
     low = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_for_epsilon=3.0,
                          client_rate=0.5, adaptive_clip=0.5, iterations=6, **BASE)
-    with pytest.raises(InvalidParameterError, match="noise_for_epsilon.*adaptive"):
-        run_algorithm("fedavg", low, digits, iterations=6)
+    p = run_algorithm("fedavg", low, digits, iterations=6)["privacy"]
+    assert 2.9 < p["epsilon_max"] <= 3.0 * (1 + 1e-9)
+    z_eff = p["adaptive_clipping"]["joint_noise_multiplier"]
+    assert p["noise_multiplier"] == pytest.approx(z_eff * 1.04 ** 0.5)  # the count: <= 2%
 
 
 def test_adaptive_clip_with_z_equal_to_the_count_noise_runs(digits):
     """Two equal events used to give a duplicate-id charge; now one event a round."""
-    count_sd = 0.5 * digits.num_clients / 20
+    count_sd = adaptive_count_stddev(0.5 * digits.num_clients, 0.75)
+    assert count_sd == 0.75 * 2.5  # the floor; q N / 20 = 0.75 is the old rule's
     cfg = UpcycledConfig(privacy="client", l2_clip_norm=1.0, noise_multiplier=count_sd,
                          client_rate=0.5, adaptive_clip=0.5, iterations=2, **BASE)
     assert run_algorithm("fedavg", cfg, digits, iterations=2)["privacy"]["charged_rounds"] == 2

@@ -169,7 +169,8 @@ def test_secure_noise_resume_charges_a_replayed_round_again(tmp_path):
     ds = parse_dataset_spec("digits:3", seed=0)
     cfg = UpcycledConfig(dataset="digits:3", privacy="client", client_rate=0.5,
                          l2_clip_norm=1.0, noise_multiplier=1.0, iterations=4, local_epochs=1,
-                         device="cpu", checkpoint_every=2, secure_noise=True)
+                         device="cpu", checkpoint_every=2, secure_noise=True,
+                         adaptive_clip=0)  # a fixed clip: the round's event is Gaussian(1)
     run_algorithm("fedavg", cfg, ds, iterations=4, out=tmp_path, stop_after=2)
     led = Ledger.open(tmp_path / "ledger-fedavg.jsonl")
     led.spend(["population"], privkit.PoissonSampledDpEvent(0.5, privkit.GaussianDpEvent(1.0)),

@@ -199,8 +199,10 @@ def _privacy_detail(p: dict[str, Any]) -> str:
         return (f"banded MF: {p['bands']} bands, clip {p['l2_clip_norm']:g}, z "
                 f"{p['noise_multiplier']:.4g}, {who}{short}")
     if p.get("privacy_unit") == "client":
-        return (f"client-level: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
-                f"q {p['client_rate']:g}")
+        ac = p.get("adaptive_clipping")
+        clip = (f"clip adaptive at the {ac['target_quantile']:g} quantile from "
+                f"{p['l2_clip_norm']:g}" if ac else f"clip {p['l2_clip_norm']:g}")
+        return f"client-level: {clip}, z {p['noise_multiplier']:.4g}, q {p['client_rate']:g}"
     return (f"record-level DP-SGD: clip {p['l2_clip_norm']:g}, z {p['noise_multiplier']:.4g}, "
             f"expected batch {p['expected_batch_size']}")
 

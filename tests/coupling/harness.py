@@ -49,6 +49,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fl_examples.core.data import FederatedDataset
 from privkit.events.mechanisms import NeighboringRelation
@@ -610,3 +612,29 @@ def federated(clients: list[tuple[np.ndarray, np.ndarray]], *, features: int = 4
                [y for _, y in clients], [x[:1] for x, _ in clients],
                [y[:1] for _, y in clients], features, classes, {"recipe": "coupling"},
                hx, rng.integers(0, classes, 16))
+
+
+# ------------------------------------------------------------------------------- tests
+#: Small hypothesis-drawn settings, derandomised: the same draws on every run.
+FAST = settings(max_examples=8, deadline=None, derandomize=True)
+
+
+def coupling_tests(entries: list[Entry], *, witness_moves: float = 1e-3
+                   ) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The two tests every entry runs, bound to ``entries`` (a module assigns them to
+    ``test_coupling, test_witness_sees_the_target``): the coupling holds on drawn settings;
+    and, not vacuous, in the entry's pinned witness setting the target moves a release by
+    more than ``witness_moves``."""
+
+    @pytest.mark.parametrize("entry", entries, ids=lambda e: e.name)
+    @FAST
+    @given(data=st.data())
+    def test_coupling(entry: Entry, data: Any) -> None:
+        assert_coupled(entry, data.draw(entry.settings, label="setting"))
+
+    @pytest.mark.parametrize("entry", entries, ids=lambda e: e.name)
+    def test_witness_sees_the_target(entry: Entry) -> None:
+        report = assert_coupled(entry, entry.witness)
+        assert max(report.moved(), default=0.0) > witness_moves, report.describe()
+
+    return test_coupling, test_witness_sees_the_target

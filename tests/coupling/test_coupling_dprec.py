@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_examples.core.dp_modes import ClientDpPlan
@@ -24,15 +23,13 @@ from .harness import (
     REPLACE_ONE,
     Entry,
     Tap,
-    assert_coupled,
+    coupling_tests,
     federated,
     opposite,
     pin,
     spy_client_sum,
     toy_clients,
 )
-
-FAST = settings(max_examples=8, deadline=None, derandomize=True)
 
 SETTINGS = st.fixed_dictionaries({
     "clients": st.integers(3, 5), "per_round": st.integers(1, 3),
@@ -122,14 +119,4 @@ ENTRIES = [
 ]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-@FAST
-@given(data=st.data())
-def test_coupling(entry: Entry, data: Any) -> None:
-    assert_coupled(entry, data.draw(entry.settings, label="setting"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_witness_sees_the_target(entry: Entry) -> None:
-    report = assert_coupled(entry, entry.witness)
-    assert max(report.moved(), default=0.0) > 1e-3, report.describe()
+test_coupling, test_witness_sees_the_target = coupling_tests(ENTRIES)

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("flwr", reason="Flower is not installed (the flower extra)")
@@ -31,14 +30,13 @@ from .harness import (  # noqa: E402
     Entry,
     Tap,
     Violation,
-    assert_coupled,
+    coupling_tests,
     opposite,
     spy_adaptive_count,
     spy_client_sum,
     toy_clients,
 )
 
-FAST = settings(max_examples=8, deadline=None, derandomize=True)
 FEATURES, CLASSES = 4, 2
 
 
@@ -205,14 +203,4 @@ ENTRIES = [
 ]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-@FAST
-@given(data=st.data())
-def test_coupling(entry: Entry, data: Any) -> None:
-    assert_coupled(entry, data.draw(entry.settings, label="setting"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_witness_sees_the_target(entry: Entry) -> None:
-    report = assert_coupled(entry, entry.witness)
-    assert max(report.moved(), default=0.0) > 1e-3, report.describe()
+test_coupling, test_witness_sees_the_target = coupling_tests(ENTRIES)

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fl_examples.mapa.run as mapa_run
@@ -28,15 +27,13 @@ from .harness import (
     Entry,
     Tap,
     _zero_noise,
-    assert_coupled,
+    coupling_tests,
     federated,
     pin,
     replaced_record,
     toy_clients,
     with_record,
 )
-
-FAST = settings(max_examples=8, deadline=None, derandomize=True)
 
 SETTINGS = st.fixed_dictionaries({
     "algorithm": st.sampled_from(["mapa", "audp"]), "edges": st.integers(2, 3),
@@ -142,14 +139,4 @@ ENTRIES = [
 ]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-@FAST
-@given(data=st.data())
-def test_coupling(entry: Entry, data: Any) -> None:
-    assert_coupled(entry, data.draw(entry.settings, label="setting"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_witness_sees_the_target(entry: Entry) -> None:
-    report = assert_coupled(entry, entry.witness)
-    assert max(report.moved(), default=0.0) > 1e-4, report.describe()
+test_coupling, test_witness_sees_the_target = coupling_tests(ENTRIES, witness_moves=1e-4)

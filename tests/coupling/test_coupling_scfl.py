@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fl_examples.scfl.run as scfl_run
@@ -18,9 +17,7 @@ from fl_examples.scfl.data import RegressionData, _features
 from fl_examples.scfl.run import _Run, _setup, run_method
 from privkit.mechanisms.clipping import clip_per_example
 
-from .harness import ADD_REMOVE, D2, Entry, Tap, Violation, assert_coupled
-
-FAST = settings(max_examples=8, deadline=None, derandomize=True)
+from .harness import ADD_REMOVE, D2, Entry, Tap, Violation, coupling_tests
 
 SETTINGS = st.fixed_dictionaries({
     "method": st.sampled_from([ScflMethod.SCFL, ScflMethod.SCFL_NO_MAKEUP,
@@ -131,14 +128,4 @@ ENTRIES = [Entry("scfl-gradient-dp", ADD_REMOVE, SETTINGS, run_scfl, None,
                   "target": 0, "rounds": 3, "seed": 0, "data": 0}, ledger_relation)]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-@FAST
-@given(data=st.data())
-def test_coupling(entry: Entry, data: Any) -> None:
-    assert_coupled(entry, data.draw(entry.settings, label="setting"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_witness_sees_the_target(entry: Entry) -> None:
-    report = assert_coupled(entry, entry.witness)
-    assert max(report.moved(), default=0.0) > 1e-4, report.describe()
+test_coupling, test_witness_sees_the_target = coupling_tests(ENTRIES, witness_moves=1e-4)

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -32,13 +31,11 @@ from .harness import (
     D2,
     Entry,
     Tap,
-    assert_coupled,
+    coupling_tests,
     spy_clients_dpsgd,
     toy_clients,
     with_record,
 )
-
-FAST = settings(max_examples=8, deadline=None, derandomize=True)
 
 SETTINGS = st.fixed_dictionaries({
     "batch": st.sampled_from([2, 3]), "groups": st.integers(1, 2),
@@ -151,14 +148,4 @@ ENTRIES = [
 ]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-@FAST
-@given(data=st.data())
-def test_coupling(entry: Entry, data: Any) -> None:
-    assert_coupled(entry, data.draw(entry.settings, label="setting"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_witness_sees_the_target(entry: Entry) -> None:
-    report = assert_coupled(entry, entry.witness)
-    assert max(report.moved(), default=0.0) > 1e-3, report.describe()
+test_coupling, test_witness_sees_the_target = coupling_tests(ENTRIES)

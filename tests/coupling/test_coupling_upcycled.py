@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fl_examples.upcycled.privacy as up_privacy
@@ -32,7 +31,7 @@ from .harness import (
     Entry,
     Tap,
     Violation,
-    assert_coupled,
+    coupling_tests,
     federated,
     opposite,
     pin,
@@ -44,7 +43,6 @@ from .harness import (
     with_record,
 )
 
-FAST = settings(max_examples=8, deadline=None, derandomize=True)
 ALGORITHMS = ("fedavg", "fedprox", "upcycled")
 
 
@@ -365,18 +363,7 @@ ENTRIES.append(Entry(
 
 
 # ------------------------------------------------------------------------- the tests
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-@FAST
-@given(data=st.data())
-def test_coupling(entry: Entry, data: Any) -> None:
-    assert_coupled(entry, data.draw(entry.settings, label="setting"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_witness_sees_the_target(entry: Entry) -> None:
-    """Not vacuous: in the pinned setting the target contributes and moves the release."""
-    report = assert_coupled(entry, entry.witness)
-    assert max(report.moved(), default=0.0) > 1e-3, report.describe()
+test_coupling, test_witness_sees_the_target = coupling_tests(ENTRIES)
 
 
 def test_adaptive_clipping_survives_a_round_without_clients() -> None:

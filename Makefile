@@ -1,4 +1,4 @@
-# privkit: make run | make test | make docs | make bench | make soak | make lock
+# privkit: make run | make test | make test-slow | make docs | make bench | make soak | make lock
 # Each target creates .venv if missing and installs the project first. Everything is installed
 # with -c constraints.txt: the versions CI passed with (make lock refreshes them deliberately).
 PYTHON ?= python3
@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.privkit-installed
 FULL   := $(VENV)/.privkit-installed-full
 BENCH  := $(VENV)/.privkit-installed-bench
 
-.PHONY: run test docs bench lint clean soak lock
+.PHONY: run test test-slow docs bench lint clean soak lock
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,15 @@ run: $(STAMP)
 # docstring fails the build); tests/test_readme.py runs every example in README.md and docs/ and
 # checks the output shown under it.
 test: $(FULL)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow"
 	$(VENV)/bin/ruff check privkit fl_examples tests bench
 	$(VENV)/bin/mypy privkit
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d $$(mktemp -d)/site
+
+# The long simulations, sweeps and kill-point tests (tests/conftest.py lists them); CI runs it
+# after make test.
+test-slow: $(FULL)
+	$(PY) -m pytest -q -n auto --dist loadfile -m slow
 
 docs: $(FULL)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -65,3 +65,28 @@ def test_the_constraints_pin_every_test_tool_and_runtime_requirement():
     missing = sorted({_name(r) for r in wanted} - set(pins))
     assert not missing, f"constraints.txt lacks {missing}: run make lock"
     assert pins["torch"] == "2.13.0"
+
+
+def test_every_slow_entry_names_a_test_that_exists():
+    """A stale entry in tests/conftest.py would silently move nothing to make test-slow."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slow_conftest", ROOT / "tests/conftest.py")
+    assert spec is not None and spec.loader is not None
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    for module in conf.SLOW_MODULES:
+        assert (ROOT / module).is_file(), module
+    for entry in conf.SLOW_TESTS:
+        path, _, name = entry.partition("::")
+        text = (ROOT / path).read_text()
+        # a test function, or one bound by a factory (tests/coupling: coupling_tests)
+        assert re.search(rf"^def {re.escape(name)}\(|^(\w+, )*{re.escape(name)}\b.* = ",
+                         text, re.M), entry
+
+
+def test_make_test_skips_the_slow_tests_and_ci_runs_both():
+    assert any("-m \"not slow\"" in c or "-m 'not slow'" in c for c in _recipe("test"))
+    assert any("-m slow" in c for c in _recipe("test-slow"))
+    ci = (ROOT / ".ci/run").read_text()
+    assert "make test" in ci and "make test-slow" in ci

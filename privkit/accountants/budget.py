@@ -51,14 +51,14 @@ from typing import Any
 import numpy as np
 
 from privkit.accountants import rdp, rules
-from privkit.accountants.accountant import (
+from privkit.accountants._methods import (
     Method,
     _fft_atoms,
     _rdp_total,
     _rho_total,
-    epsilon_batch_compositions,
     unsupported,
 )
+from privkit.accountants.accountant import epsilon_batch_compositions
 from privkit.accountants.rules import Composition
 from privkit.errors import NumericalError, PrivkitError, UnsupportedEventError
 

@@ -30,23 +30,19 @@ from privkit import _validate
 from privkit._dpa import dp_event
 from privkit.accountants import fftpld, gaussian, pld, rules
 from privkit.accountants._atoms import GaussianAtom
+from privkit.accountants._methods import Method, _fft_atoms, auto_prefers_pld
 from privkit.accountants._solve import (  # _solve_noise is also imported from here
     _MAX_DOUBLINGS,
     _secant_bracket,
     _secant_down,
     _solve_noise,
 )
-from privkit.accountants.accountant import (
-    Method,
-    _fft_atoms,
-    _relation,
-    auto_prefers_pld,
-    epsilon,
-)
+from privkit.accountants.accountant import epsilon
 from privkit.accountants.rules import NeighboringRelation, flatten
 from privkit.accountants.schedule import schedule
 from privkit.errors import InvalidParameterError, NumericalError, UnsupportedEventError
 from privkit.events import gaussian_steps_event
+from privkit.events.mechanisms import as_relation
 
 __all__ = [
     "CalibrationResult",
@@ -116,7 +112,7 @@ def calibrate_noise(
     d = _validate.delta("delta", delta)
     tol = _tol(tol)
     m = Method.parse(method)
-    rel = _relation(neighboring_relation)
+    rel = as_relation(neighboring_relation)
     guess = 1.0 if initial_guess is None else _validate.positive("initial_guess", initial_guess)
 
     def report(x: float, meth: Method = m) -> Any:
@@ -276,7 +272,7 @@ def calibrate_noise_multiplier(
                      batch_size=batch_size, dataset_size=dataset_size)
     t, q = sched.steps, sched.sampling_probability
     tol = _tol(tol)
-    rel = _relation(neighboring_relation)
+    rel = as_relation(neighboring_relation)
     if q == 1.0 and Method.parse(method) in (Method.AUTO, Method.EXACT):
         # exact: epsilon depends on sqrt(T) / (z / factor) only, factor the relation's
         # sensitivity over the bound on one contribution (2 under replace-one)
@@ -374,7 +370,7 @@ def calibrate_steps(
                         batch_size=batch_size, dataset_size=dataset_size)
 
     q = plan(1).sampling_probability
-    rel = _relation(neighboring_relation)
+    rel = as_relation(neighboring_relation)
     reports: dict[int, Any] = {}
 
     def rep(t: int) -> Any:

@@ -68,23 +68,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from privkit import _validate
-from privkit.accountants import rules
-from privkit.accountants.accountant import Method
-from privkit.accountants.rules import NeighboringRelation
-from privkit.errors import InvalidParameterError, UnsupportedEventError
+from privkit.accountants._methods import Method
+from privkit.accountants._skellam import SAMPLING_NOTE, SKELLAM_NOTE, sampled_rdp, skellam_rdp
+from privkit.accountants._wraparound import skellam_chernoff_tail, wraparound_probability
+from privkit.errors import InvalidParameterError
 from privkit.events import DpEvent, SelfComposedDpEvent
 from privkit.events.distributed import (
     DISTRIBUTED_TRUST_ASSUMPTION,
     MAX_NOISE_PER_CLIENT,
     SkellamDpEvent,
+    check_bits,
+    honest_shares,
     padded_dimension,
     rounded_norm_bound_sq,
+    skellam_relation,
     skellam_sensitivities,
 )
-from privkit.events.mechanisms import as_relation
 
 __all__ = [
     "SkellamDpEvent",
@@ -98,200 +98,6 @@ __all__ = [
     "SKELLAM_NOTE",
     "SAMPLING_NOTE",
 ]
-
-SKELLAM_NOTE = ("Skellam RDP: Agarwal, Kairouz & Liu 2021, Thm 3.5, at integer orders "
-                "(interpolated between them by convexity); sensitivities from the enforced "
-                "conditional-rounding bound (Kairouz, Liu & Steinke 2021; holds with "
-                "probability 1, nothing added to delta)")
-SAMPLING_NOTE = ("Poisson client sampling priced by joint convexity (weak amplification); it "
-                 "assumes the cohort stays secret, which the server that picks it does not "
-                 "grant: against the server only the unamplified composition holds")
-
-
-# ------------------------------------------------------------------ RDP
-def _orders(orders: Any) -> np.ndarray:
-    a = np.atleast_1d(np.asarray(orders, dtype=np.float64))
-    if a.ndim != 1 or a.size == 0 or not (np.isfinite(a).all() and (a > 1).all()):
-        raise InvalidParameterError("orders", orders, "a non-empty list of finite orders > 1")
-    return a
-
-
-def _skellam_rdp_int(a: np.ndarray, m: float, d2: float, d1: float) -> np.ndarray:
-    d2sq = d2 * d2
-    extra = np.minimum(((2 * a - 1) * d2sq + 6 * d1) / (4 * m * m), 3 * d1 / (2 * m))
-    return a * d2sq / (2 * m) + extra
-
-
-def skellam_rdp(orders: Any, *, central_variance: float, l2_sensitivity: float,
-                l1_sensitivity: float) -> np.ndarray:
-    """Agarwal, Kairouz & Liu's Skellam RDP bound (module docstring), at any order > 1.
-
-    At an integer order it is the theorem's bound. Between integers ``a < alpha < a + 1`` the
-    cumulant ``(alpha - 1) D_alpha = log E_Q[(P/Q)^alpha]`` is convex in ``alpha`` (Hoelder), so
-    it lies below the chord through the bounds at ``a`` and ``a + 1`` (through 0 at
-    ``alpha = 1`` for ``alpha < 2``, which gives the bound at 2).
-
-    Args:
-        orders: RDP orders > 1.
-        central_variance: M, the Skellam variance of the sum's noise, > 0.
-        l2_sensitivity: Delta_2 of the shift, > 0.
-        l1_sensitivity: Delta_1 of the shift, > 0.
-
-    Example:
-        >>> r = skellam_rdp([2, 2.5, 3], central_variance=1000.0, l2_sensitivity=10.0,
-        ...                 l1_sensitivity=80.0)
-        >>> tuple(round(float(v), 6) for v in r)
-        (0.100195, 0.133562, 0.150245)
-    """
-    a = _orders(orders)
-    m = _validate.positive("central_variance", central_variance)
-    d2 = _validate.positive("l2_sensitivity", l2_sensitivity)
-    d1 = _validate.positive("l1_sensitivity", l1_sensitivity)
-    lo = np.floor(a)
-    frac = a - lo
-    at_lo = _skellam_rdp_int(np.maximum(lo, 2.0), m, d2, d1)
-    at_hi = _skellam_rdp_int(lo + 1, m, d2, d1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        chord = ((1 - frac) * (lo - 1) * at_lo + frac * lo * at_hi) / (a - 1)
-    return np.where(frac == 0, at_lo, np.where(lo < 2, at_hi, chord))
-
-
-def sampled_rdp(rdp: Any, orders: Any, sampling_probability: float) -> np.ndarray:
-    """Joint-convexity bound for a Poisson-sampled round (module docstring):
-    ``log(1 + q (exp((alpha - 1) rdp) - 1)) / (alpha - 1)``, evaluated in log space.
-
-    Example:
-        >>> round(float(sampled_rdp([1.0], [2.0], 0.1)[0]), 6)
-        0.158565
-    """
-    a = _orders(orders)
-    r = np.asarray(rdp, dtype=np.float64)
-    q = _validate.probability("sampling_probability", sampling_probability)
-    if r.shape != a.shape or not (r >= 0).all():
-        raise InvalidParameterError("rdp", rdp, "non-negative values, one per order")
-    if q == 1:
-        return r.copy()
-    with np.errstate(over="ignore"):
-        x = (a - 1) * r
-        out = np.logaddexp(math.log1p(-q), math.log(q) + x) / (a - 1)
-    return np.minimum(out, r)
-
-
-# ------------------------------------------------------------------ rules
-def _relation_error(relation: Any) -> str | None:
-    if relation == NeighboringRelation.ADD_OR_REMOVE_ONE:
-        return ("SkellamDpEvent is not priced under ADD_OR_REMOVE_ONE: a client added or "
-                "removed adds or removes its noise share too, so the neighbouring sums differ "
-                "in their noise, not only by a shift; price it under zero-out "
-                "(neighboring_relation='zero-out', the client keeps its place and its noise "
-                "share, its update becomes zero) or REPLACE_ONE")
-    return None
-
-
-@rules.relation_error.register(SkellamDpEvent)
-def _(event: SkellamDpEvent, relation: Any) -> str | None:
-    return _relation_error(relation)
-
-
-@rules.relative_to_sensitivity.register(SkellamDpEvent)
-def _(event: SkellamDpEvent, relation: Any) -> DpEvent:
-    why = _relation_error(relation)
-    if why is not None:
-        raise UnsupportedEventError(why)
-    if relation == NeighboringRelation.REPLACE_ONE:
-        return SkellamDpEvent(event.noise_per_client, event.survivors,
-                              2.0 * float(event.l2_sensitivity),
-                              2.0 * float(event.l1_sensitivity), event.sampling_probability)
-    return event
-
-
-@rules.check_atom.register(SkellamDpEvent)
-def _(event: SkellamDpEvent) -> None:
-    _validate.positive("SkellamDpEvent.noise_per_client", event.noise_per_client)
-    _validate.positive_int("SkellamDpEvent.survivors", event.survivors)
-    _validate.positive("SkellamDpEvent.l2_sensitivity", event.l2_sensitivity)
-    _validate.positive("SkellamDpEvent.l1_sensitivity", event.l1_sensitivity)
-    _validate.probability("SkellamDpEvent.sampling_probability", event.sampling_probability)
-
-
-@rules.rdp_curve.register(SkellamDpEvent)
-def _(event: SkellamDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
-    # the event is already relative to the relation's sensitivity (rules.priced)
-    base = skellam_rdp(orders, central_variance=event.central_variance,
-                       l2_sensitivity=event.l2_sensitivity, l1_sensitivity=event.l1_sensitivity)
-    return sampled_rdp(base, orders, event.sampling_probability)
-
-
-@rules.notes.register(SkellamDpEvent)
-def _(event: SkellamDpEvent) -> tuple[str, ...]:
-    out = (DISTRIBUTED_TRUST_ASSUMPTION, SKELLAM_NOTE)
-    return (*out, SAMPLING_NOTE) if event.sampling_probability < 1 else out
-
-
-# ------------------------------------------------------------------ wrap-around
-def skellam_chernoff_tail(t: float, variance: float, subgaussian_variance: float = 0.0) -> float:
-    """Chernoff bound on ``P(X + Y >= t)`` for ``X ~ Skellam(variance)`` and an independent
-    ``Y`` sub-Gaussian with variance proxy ``subgaussian_variance``:
-    ``min_theta exp(theta^2 v / 2 + M (cosh theta - 1) - theta t)`` (the Skellam moment
-    generating function is ``exp(M (cosh theta - 1))``). 1 when ``t <= 0``.
-
-    Example:
-        >>> round(skellam_chernoff_tail(30.0, 100.0), 6)   # 3 standard deviations
-        0.01148
-    """
-    t = _validate.real("t", t)
-    m = _validate.nonnegative("variance", variance)
-    v = _validate.nonnegative("subgaussian_variance", subgaussian_variance)
-    if t <= 0:
-        return 1.0
-    if m == 0 and v == 0:
-        return 0.0
-
-    def slope(th: float) -> float:  # derivative of the convex exponent
-        return th * v + m * math.sinh(th) - t
-
-    hi = min(t / v if v > 0 else math.inf, math.asinh(t / m) if m > 0 else math.inf)
-    lo = 0.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if slope(mid) > 0:
-            hi = mid
-        else:
-            lo = mid
-    th = lo  # any theta gives a valid bound; lo is the bisection's side below the optimum
-    expo = th * th * v / 2 - th * t + (m * (math.cosh(th) - 1) if m > 0 else 0.0)
-    return min(1.0, math.exp(expo))
-
-
-def wraparound_probability(*, clients: int, noise_per_client: float, scaled_clip: float,
-                           padded_dim: int, bits: int) -> float:
-    """Upper bound on the probability that a round's true integer sum leaves
-    ``[-2^(bits-1), 2^(bits-1))`` in some coordinate (the decoded sum then wraps).
-
-    Coordinate ``j`` of the sum is ``R_j + E_j + Z_j``: ``R`` the rotated sum of the scaled,
-    clipped updates (norm at most ``n c``; with the public random signs each coordinate is a
-    Rademacher sum, sub-Gaussian with variance proxy ``(n c)^2 / d``, Hoeffding), ``E`` the
-    rounding errors (``|E_j| < n``, every coordinate moves by less than 1) and
-    ``Z ~ Skellam(n mu)``. So ``P(wrap) <= 2 d min_theta exp(theta^2 v / 2 + n mu
-    (cosh theta - 1) - theta (m/2 - n))`` (:func:`skellam_chernoff_tail`, union over the ``d``
-    coordinates and both signs). ``clients`` is the most contributions a sum holds; fewer
-    clients can only lower the bound.
-
-    Example:
-        >>> p = wraparound_probability(clients=100, noise_per_client=1e5, scaled_clip=300.0,
-        ...                            padded_dim=1024, bits=16)
-        >>> p < 1e-9
-        True
-    """
-    n = _validate.positive_int("clients", clients)
-    mu = _validate.nonnegative("noise_per_client", noise_per_client)
-    c = _validate.positive("scaled_clip", scaled_clip)
-    d = _validate.positive_int("padded_dim", padded_dim)
-    b = _validate.positive_int("bits", bits)
-    t = 2.0 ** (b - 1) - n
-    v = (n * c) ** 2 / d
-    return min(1.0, 2.0 * d * skellam_chernoff_tail(t, n * mu, v))
-
 
 # ------------------------------------------------------------------ calibration
 @dataclass(frozen=True)
@@ -370,15 +176,6 @@ class DistributedCalibration:
                 "beta": self.beta, "sampling_probability": self.sampling_probability}
 
 
-def _calibration_relation(value: Any) -> Any:
-    rel = as_relation(value)
-    why = _relation_error(rel)
-    if why is not None:
-        raise InvalidParameterError("neighboring_relation", rel.name,
-                                    "zero-out (REPLACE_SPECIAL) or REPLACE_ONE: " + why)
-    return rel
-
-
 def calibrate_distributed(target_epsilon: float, delta: float, rounds: int, clients: int,
                           min_survivors: int, dim: int, clip: float, bits: int,
                           sampling_probability: float = 1.0, *, colluders: int = 0,
@@ -433,21 +230,17 @@ def calibrate_distributed(target_epsilon: float, delta: float, rounds: int, clie
     n_min = _validate.positive_int("min_survivors", min_survivors)
     if n_min > n:
         raise InvalidParameterError("min_survivors", min_survivors, f"<= clients = {n}")
-    k = _validate.nonnegative_int("colluders", colluders)
-    if k >= n_min:
-        raise InvalidParameterError("colluders", colluders, f"< min_survivors = {n_min}")
+    honest = honest_shares(n_min, colluders)
+    k = n_min - honest
     d = padded_dimension(dim)
     c_norm = _validate.positive("clip", clip)
-    b = _validate.positive_int("bits", bits)
-    if not 2 <= b <= 62:
-        raise InvalidParameterError("bits", bits, "an integer in [2, 62]")
+    b = check_bits(bits)
     q = _validate.probability("sampling_probability", sampling_probability)
-    rel = _calibration_relation(neighboring_relation)
+    rel = skellam_relation(neighboring_relation)
     wrap_max = _validate.probability("max_wrap_probability", max_wrap_probability)
     if wrap_max >= 1:
         raise InvalidParameterError("max_wrap_probability", max_wrap_probability, "< 1")
     rounded_norm_bound_sq(1.0, d, beta)  # validates beta
-    honest = n_min - k
 
     def sens(gamma: float) -> tuple[int, float, float]:
         tsq = rounded_norm_bound_sq(c_norm / gamma, d, beta)

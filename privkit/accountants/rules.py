@@ -27,7 +27,12 @@ Rules:
   (a Gaussian with a sampling rate, or a pure step), or None if it cannot price it.
 * :func:`relation_error` - why the atom cannot be priced under a neighbouring relation, or
   None (checked before any method runs).
+* :func:`relative_to_sensitivity` - the atom with its noise relative to the relation's
+  sensitivity (below).
 * :func:`notes` - assumption strings every report containing the atom must carry.
+
+The two relation rules, :data:`PRICED_RELATIONS` and :func:`guarantee_event` are defined in
+``privkit.accountants._relations`` and exported here.
 
 **The noise-multiplier convention** (one meaning for an event, under every relation, as in
 Opacus, Flower, TensorFlow Privacy and dp-accounting's PLD accountant). A Gaussian event's
@@ -58,16 +63,21 @@ import numpy as np
 
 from privkit import _validate
 from privkit._dpa import dp_event
-from privkit._dpa import privacy_accountant as pa
 from privkit._lazy import LazyModule
 from privkit.accountants._atoms import GaussianAtom, PureAtom
+from privkit.accountants._relations import (
+    PRICED_RELATIONS,
+    NeighboringRelation,
+    guarantee_event,
+    relation_error,
+    relative_to_sensitivity,
+    sensitivity_factor,
+)
 from privkit.errors import InvalidParameterError, UnsupportedEventError
-from privkit.events import PureDpEvent, ReplaceOneGaussianDpEvent, ReplaceOneLaplaceDpEvent
+from privkit.events import PureDpEvent
 
 pld_lib = LazyModule("dp_accounting.pld.privacy_loss_distribution")
 rdp_lib = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
-
-NeighboringRelation = pa.NeighboringRelation
 
 __all__ = [
     "Composition",
@@ -84,6 +94,7 @@ __all__ = [
     "priced",
     "PRICED_RELATIONS",
     "notes",
+    "guarantee_event",
     "randomized_response_rdp",
     "randomized_response_pld",
     "NeighboringRelation",
@@ -310,7 +321,7 @@ def pld_of(event: dp_event.DpEvent, vdi: float, relation: Any) -> Any:
 def _pld_sensitivity(relation: Any) -> float:
     # dp-accounting's REPLACE_ONE pair doubles the sensitivity it is given; privkit's noise
     # multiplier is already relative to the replace-one sensitivity (module doc).
-    return 0.5 if relation == NeighboringRelation.REPLACE_ONE else 1.0
+    return 1.0 / sensitivity_factor(relation)
 
 
 @pld_of.register
@@ -393,127 +404,7 @@ def _(event: PureDpEvent) -> GaussianAtom | PureAtom | None:
     return PureAtom(float(event.epsilon))
 
 
-# ----------------------------------------------------------- relation_error
-@functools.singledispatch
-def relation_error(event: dp_event.DpEvent, relation: Any) -> str | None:
-    """Why ``event`` cannot be priced under ``relation`` (None: it can)."""
-    return None
-
-
-@relation_error.register
-def _(event: dp_event.SampledWithoutReplacementDpEvent, relation: Any) -> str | None:
-    if relation != NeighboringRelation.REPLACE_ONE:
-        return ("SampledWithoutReplacementDpEvent (a fixed-size batch) is priced under "
-                "REPLACE_ONE neighbours only: a fixed batch size is defined for a fixed data "
-                "set size, and dp-accounting's rules for it are replace-one's; pass "
-                "neighboring_relation=REPLACE_ONE (CLI: --relation replace-one) or sample "
-                "with PoissonSampledDpEvent")
-    return None
-
-
-# -------------------------------------------------- relative_to_sensitivity
-#: The relations privkit prices, and the relation each is priced as once its events are
-#: re-expressed against its sensitivity: zero-out (``REPLACE_SPECIAL``: a contribution replaced
-#: by a null one that contributes nothing) has the add/remove pairs (Poisson-sampled or not).
-PRICED_RELATIONS = {
-    NeighboringRelation.ADD_OR_REMOVE_ONE: NeighboringRelation.ADD_OR_REMOVE_ONE,
-    NeighboringRelation.REPLACE_SPECIAL: NeighboringRelation.ADD_OR_REMOVE_ONE,
-    NeighboringRelation.REPLACE_ONE: NeighboringRelation.REPLACE_ONE,
-}
-
-
-def _unknown_meaning(event: Any, relation: Any) -> UnsupportedEventError:
-    return UnsupportedEventError(
-        f"{type(event).__name__} under {relation.name}: privkit does not know whether its "
-        "parameters are relative to the bound on one contribution (privkit's and "
-        "dp-accounting's PLD reading, the sensitivity doubled under REPLACE_ONE) or to the "
-        "relation's own sensitivity, so it cannot price it without guessing; price it under "
-        "ADD_OR_REMOVE_ONE, or describe the mechanism with privkit's or dp-accounting's "
-        "Gaussian, Laplace, sampled or pure events")
-
-
-@functools.singledispatch
-def relative_to_sensitivity(event: dp_event.DpEvent, relation: Any) -> dp_event.DpEvent:
-    """The atom with its noise relative to ``relation``'s sensitivity (module doc): what the
-    methods price. Unknown event types are the atom itself under add/remove and refused under
-    any other relation.
-
-    Raises:
-        UnsupportedEventError: an event type whose meaning under ``relation`` is not known.
-    """
-    if relation == NeighboringRelation.ADD_OR_REMOVE_ONE:
-        return event
-    raise _unknown_meaning(event, relation)
-
-
-def _factor(relation: Any) -> float:
-    """The relation's sensitivity over the bound on one contribution."""
-    return 2.0 if relation == NeighboringRelation.REPLACE_ONE else 1.0
-
-
-@relative_to_sensitivity.register
-def _(event: dp_event.GaussianDpEvent, relation: Any) -> dp_event.DpEvent:
-    f = _factor(relation)
-    return event if f == 1 else dp_event.GaussianDpEvent(float(event.noise_multiplier) / f)
-
-
-@relative_to_sensitivity.register
-def _(event: dp_event.LaplaceDpEvent, relation: Any) -> dp_event.DpEvent:
-    f = _factor(relation)
-    return event if f == 1 else dp_event.LaplaceDpEvent(float(event.noise_multiplier) / f)
-
-
-@relative_to_sensitivity.register
-def _(event: dp_event.PoissonSampledDpEvent, relation: Any) -> dp_event.DpEvent:
-    inner = relative_to_sensitivity(event.event, relation)
-    return event if inner is event.event else dp_event.PoissonSampledDpEvent(
-        event.sampling_probability, inner)
-
-
-@relative_to_sensitivity.register
-def _(event: dp_event.SampledWithoutReplacementDpEvent, relation: Any) -> dp_event.DpEvent:
-    inner = relative_to_sensitivity(event.event, relation)
-    return event if inner is event.event else dp_event.SampledWithoutReplacementDpEvent(
-        event.source_dataset_size, event.sample_size, inner)
-
-
-@relative_to_sensitivity.register
-def _(event: dp_event.SampledWithReplacementDpEvent, relation: Any) -> dp_event.DpEvent:
-    inner = relative_to_sensitivity(event.event, relation)
-    return event if inner is event.event else dp_event.SampledWithReplacementDpEvent(
-        event.source_dataset_size, event.sample_size, inner)
-
-
-def _replace_one_only(event: Any, relation: Any) -> str:
-    return (f"{type(event).__name__}'s sensitivity is known under REPLACE_ONE only (a "
-            "clipped output's two points are 2C apart, and no smaller add/remove or zero-out "
-            f"bound is known), so it is not priced under {relation.name}: pass "
-            "neighboring_relation=REPLACE_ONE (the mechanism's neighboring_relation)")
-
-
-@relative_to_sensitivity.register
-def _(event: ReplaceOneGaussianDpEvent, relation: Any) -> dp_event.DpEvent:
-    if relation != NeighboringRelation.REPLACE_ONE:
-        raise UnsupportedEventError(_replace_one_only(event, relation))
-    return dp_event.GaussianDpEvent(float(event.noise_multiplier) / 2)
-
-
-@relative_to_sensitivity.register
-def _(event: ReplaceOneLaplaceDpEvent, relation: Any) -> dp_event.DpEvent:
-    if relation != NeighboringRelation.REPLACE_ONE:
-        raise UnsupportedEventError(_replace_one_only(event, relation))
-    return dp_event.LaplaceDpEvent(float(event.noise_multiplier) / 2)
-
-
-def guarantee_event(event: dp_event.DpEvent, relation: Any) -> dp_event.DpEvent:
-    """:func:`relative_to_sensitivity` of an event that states its guarantee ("epsilon-DP
-    under the relation priced"): the event itself. Registered for such types."""
-    return event
-
-
-relative_to_sensitivity.register(PureDpEvent, guarantee_event)
-
-
+# ------------------------------------------------------------------- priced
 def priced(comp: Composition, relation: Any) -> tuple[Composition, Any]:
     """``comp`` re-expressed against ``relation``'s sensitivity, and the relation it is then
     priced as (:data:`PRICED_RELATIONS`). Apply it exactly once, where a composition of user
@@ -532,13 +423,6 @@ def priced(comp: Composition, relation: Any) -> tuple[Composition, Any]:
     for atom, n in comp.atoms:
         c[relative_to_sensitivity(atom, relation)] += n
     return _from_counter(c, comp.non_private), rel
-
-
-@relation_error.register(ReplaceOneGaussianDpEvent)
-@relation_error.register(ReplaceOneLaplaceDpEvent)
-def _(event: Any, relation: Any) -> str | None:
-    return None if relation == NeighboringRelation.REPLACE_ONE else \
-        _replace_one_only(event, relation)
 
 
 # -------------------------------------------------------------------- notes

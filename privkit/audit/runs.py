@@ -42,12 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from privkit import _validate
+from privkit.audit._score_results import _plain, _scores
 from privkit.audit.scores import (
     DEFAULT_CONFIDENCE,
     EpsilonEstimate,
     EpsilonLowerBound,
-    _plain,
-    _scores,
     clopper_pearson_bound,
     gaussian_bound,
     gaussian_pair_epsilon,

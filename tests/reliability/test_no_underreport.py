@@ -424,7 +424,7 @@ def test_subsampled_lower_bound_is_tight_enough_to_bite():
 
 def test_a_planted_under_report_is_caught(monkeypatch):
     """The harness catches an accountant that reports 1% too little."""
-    import privkit.accountants.accountant as acc
+    import privkit.accountants._methods as acc
 
     real = acc._epsilon_by
 

@@ -25,7 +25,7 @@ from privkit.accountants import (
     bandmf_sensitivity,
     calibrate_bandmf,
 )
-from privkit.accountants import bandmf as acc
+from privkit.accountants import _bandmf_sensitivity as sensitivity_module
 from privkit.errors import InvalidParameterError
 from privkit.events import (
     ComposedDpEvent,
@@ -158,7 +158,7 @@ def test_the_closed_form_is_the_uniform_pattern_at_scale():
     s = BandedToeplitzStrategy.optimized(64, 10_000)
     r = bandmf_sensitivity(s, rounds=10_000, participation=MinSeparation(100, 100))
     assert r.exact and r.value == pytest.approx(10 * s.column_norm, rel=1e-12)
-    st_ = acc._strategy(BandedToeplitzStrategy.square_root(5), 40)
+    st_ = sensitivity_module._strategy(BandedToeplitzStrategy.square_root(5), 40)
     idx = np.arange(40)
     c = BandedToeplitzStrategy.square_root(5).matrix(40)
     np.testing.assert_allclose(st_.gram(idx, idx), c.T @ c, atol=1e-14)

@@ -24,7 +24,7 @@ from privkit.mechanisms import (
     gaussian_noise,
     l2_norm,
 )
-from privkit.mechanisms import bandmf as bandmf_module
+from privkit.mechanisms import _bandmf_strategies as strategies_module
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 STRATEGIES = [
@@ -45,7 +45,7 @@ def _prefix_matrix(t: int, momentum: float = 0.0) -> np.ndarray:
 
 # --------------------------------------------------------------------------- strategies
 def test_optimized_coefficients_are_deterministic_monotone_unit_norm_and_better():
-    raw = bandmf_module._optimized_coefficients.__wrapped__  # bypass the cache
+    raw = strategies_module._optimized_coefficients.__wrapped__  # bypass the cache
     a, b = raw(8, 200, 0.0), raw(8, 200, 0.0)
     assert a == b
     s = BandedToeplitzStrategy(a)
@@ -74,14 +74,14 @@ def test_the_momentum_optimum_is_better_for_the_momentum_workload():
 
 def test_the_loss_gradient_matches_finite_differences():
     c = np.array([1.0, 0.7, 0.4, 0.35])
-    den = bandmf_module._workload_denominator(0.5)
-    f, g = bandmf_module._loss_and_gradient(c, 30, den)
+    den = strategies_module._workload_denominator(0.5)
+    f, g = strategies_module._loss_and_gradient(c, 30, den)
     num = np.empty_like(c)
     for j in range(c.size):
         e = np.zeros_like(c)
         e[j] = 1e-6
-        num[j] = (bandmf_module._loss_and_gradient(c + e, 30, den)[0]
-                  - bandmf_module._loss_and_gradient(c - e, 30, den)[0]) / 2e-6
+        num[j] = (strategies_module._loss_and_gradient(c + e, 30, den)[0]
+                  - strategies_module._loss_and_gradient(c - e, 30, den)[0]) / 2e-6
     np.testing.assert_allclose(g, num, rtol=1e-6)
     dense = np.linalg.norm(_prefix_matrix(30, 0.5) @ np.linalg.inv(
         BandedToeplitzStrategy(tuple(c)).matrix(30))) ** 2 * float(c @ c)

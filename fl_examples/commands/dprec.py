@@ -85,6 +85,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "replacing one (default: DP-FedAvg add-remove, DP-REC replace-one, "
                         "the only relation its bound is proven under: add-remove is refused "
                         "when DP-REC runs)")
+    p.add_argument("--aggregation", default=None, choices=["central", "distributed"],
+                   help="DP-FedAvg: central (the server adds the noise, a trusted aggregator; "
+                        "default) or distributed (no trusted aggregator: each sampled client "
+                        "adds its own Skellam noise share and the server sees only the sum "
+                        "modulo 2^--secagg-bits through secure aggregation; zero-out relation, "
+                        "or --relation replace-one)")
+    p.add_argument("--secagg-bits", type=float, default=None,
+                   help="distributed: the secure sum's modulus 2^bits (default 20; --bits is "
+                        "DP-REC's)")
+    p.add_argument("--min-survivors", type=float, default=None,
+                   help="distributed: the fewest clients a released sum may hold; a round with "
+                        "a smaller sample is skipped, releasing and charging nothing (default: "
+                        "the largest n with P(sample < n) <= 1%%)")
+    p.add_argument("--colluders", type=float, default=None,
+                   help="distributed: clients that may collude with the server (their noise "
+                        "shares are not counted; default 0)")
     p.add_argument("--no-history-compression", action="store_true",
                    help="always send the full model downlink")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
@@ -128,6 +144,13 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         history_compression=False if args.no_history_compression else None,
         device=args.device, secure_noise=args.secure_noise,
         eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
+        aggregation=args.aggregation,
+        secagg_bits=None if args.secagg_bits is None else positive_int(
+            "secagg_bits", args.secagg_bits),
+        min_survivors=None if args.min_survivors is None else positive_int(
+            "min_survivors", args.min_survivors),
+        colluders=None if args.colluders is None else nonnegative_int(
+            "colluders", args.colluders),
         seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
         checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),

@@ -96,7 +96,9 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-multiplier", type=float, default=None,
                    help="z for client/record: noise stddev = z * --clip (default 1; refused "
                         "with --noise-for-epsilon, which calibrates it; client with adaptive "
-                        "clipping: the sum's z, the round priced at the joint z, <= 2%% lower)")
+                        "clipping: the sum's z, the round priced at the joint z, <= 2%% lower; "
+                        "--aggregation distributed: the stddev over C of a released sum's "
+                        "guaranteed noise, its --min-survivors shares)")
     p.add_argument("--client-rate", type=float, default=None,
                    help="q for client: each client joins a data round with probability q "
                         "(default: --fraction)")
@@ -127,6 +129,23 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--min-separation", type=float, default=None,
                    help="bandmf with minsep: s, data rounds between two participations of a "
                         "client (default: --bands)")
+    p.add_argument("--aggregation", default=None, choices=["central", "distributed"],
+                   help="client, --mechanism gaussian: central (DP-FedAvg: the server adds the "
+                        "noise, a trusted aggregator; default) or distributed (no trusted "
+                        "aggregator: each sampled client adds its own Skellam noise share and "
+                        "the server sees only the sum modulo 2^--bits through secure "
+                        "aggregation; zero-out relation; a fixed --clip)")
+    p.add_argument("--bits", "--secagg-bits", type=float, default=None,
+                   action=noted("--bits"),
+                   help="distributed: the secure sum's modulus 2^bits (default 20)")
+    p.add_argument("--min-survivors", type=float, default=None,
+                   help="distributed: the fewest clients a released sum may hold (the noise "
+                        "shares are calibrated for that many); a data round with a smaller "
+                        "cohort is skipped, releasing and charging nothing (default: the "
+                        "largest n with P(cohort < n) <= 1%%; every client at --client-rate 1)")
+    p.add_argument("--colluders", type=float, default=None,
+                   help="distributed: clients that may collude with the server (their noise "
+                        "shares are not counted; default 0)")
     p.add_argument("--sigma", type=float, default=None,
                    help="output noise stddev (absolute; default 1)")
     p.add_argument("--alpha", type=float, default=None,
@@ -185,6 +204,12 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         groups=None if args.groups is None else positive_int("groups", args.groups),
         min_separation=None if args.min_separation is None else positive_int(
             "min_separation", args.min_separation),
+        aggregation=args.aggregation,
+        bits=None if args.bits is None else positive_int("bits", args.bits),
+        min_survivors=None if args.min_survivors is None else positive_int(
+            "min_survivors", args.min_survivors),
+        colluders=None if args.colluders is None else nonnegative_int(
+            "colluders", args.colluders),
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
         baseline_iterations=args.baseline_iterations, secure_noise=args.secure_noise,

@@ -30,7 +30,7 @@ import torch
 import privkit
 from fl_examples.core.dpsgd import DpSgdSettings, round_event, steps_per_client
 from fl_examples.core.privacy import BudgetStop
-from fl_examples.core.rounds import client_uniforms
+from fl_examples.core.rounds import poisson_sample
 from fl_examples.core.seeds import SeedTree
 from privkit import _validate
 from privkit.errors import BudgetExceededError, InvalidParameterError
@@ -108,6 +108,17 @@ def server_step(w: dict[str, Any], mean: dict[str, Any], state: dict[str, Any], 
         mean = mean if buf is None else {k: momentum * buf[k] + mean[k] for k in w}
         state["momentum"] = mean
     return {k: w[k] + lr * mean[k] for k in w}
+
+
+def _unflat(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``flat`` (``(d,)`` or ``(K, d)``, d the parameters of ``like`` in order) as a dict of
+    ``like``'s shapes (with the leading K)."""
+    lead = tuple(flat.shape[:-1])
+    out, at = {}, 0
+    for n, v in like.items():
+        out[n] = flat[..., at:at + v.numel()].reshape(*lead, *v.shape)
+        at += v.numel()
+    return out
 
 
 def charge_entries(ledger: Ledger, entries: Sequence[tuple[str, Any]], *, round_: int,
@@ -220,13 +231,14 @@ class ClientDpPlan:
 
     def select(self, tree: SeedTree, data_round: int, rng: Any = None) -> np.ndarray:
         """Poisson sampling: each client independently with probability q (sorted ids), from
-        ``rng`` (a :class:`privkit.SecureRandom`) or else the seed tree."""
+        ``rng`` (a :class:`privkit.SecureRandom`: a coin per client) or else the seed tree
+        (:func:`~fl_examples.core.rounds.poisson_sample`: whether client c is in depends on
+        the seed, the round and c's id alone, not on N or anyone else; time proportional to
+        the sample, not to N)."""
         if rng is not None:
             u = np.asarray(rng.uniform(self.num_clients), dtype=np.float64)
-        else:  # client c's draw depends on its id alone (not on N or anyone else's)
-            u = client_uniforms(tree, data_round, "poisson-clients",
-                                np.arange(self.num_clients), 1)[:, 0]
-        return np.flatnonzero(u < self.client_rate)
+            return np.flatnonzero(u < self.client_rate)
+        return poisson_sample(tree, data_round, self.num_clients, self.client_rate)
 
     def entries(self, data_round: int, sel: Any = None, epochs: Any = None
                 ) -> list[tuple[str, Any]]:
@@ -246,23 +258,25 @@ class ClientDpPlan:
         canary clients are extra rows of the sum before the noise (not of the adaptive
         count), scored from the noisy sum."""
         clip = float(state.get("clip", self.l2_clip_norm))
-        delta = {k: local[k] - w[k].unsqueeze(0) for k in w}
         mech = self.mechanism(clip)
+        k = next(iter(local.values())).shape[0]
+        # one (K, d) matrix of the updates: one clip of whole rows (a client's update is one
+        # row, clipped jointly as before) and one noise draw, instead of one per parameter
+        flat_w = torch.cat([v.reshape(-1) for v in w.values()])
+        delta = torch.cat([local[n].reshape(k, v.numel()) for n, v in w.items()], 1)
+        delta -= flat_w
         if self.adaptive is not None:
-            k = next(iter(delta.values())).shape[0]
-            dev = next(iter(w.values())).device
-            norms = torch.zeros(k, dtype=torch.float64, device=dev)
-            for v in delta.values():  # an explicit width: K may be 0 (reshape(0, -1) fails)
-                norms += v.reshape(k, math.prod(v.shape[1:])).to(torch.float64).pow(2).sum(1)
-            state["clip"] = self.adaptive.update(clip, norms.sqrt(),
+            norms = torch.linalg.vector_norm(delta, dim=1, dtype=torch.float64)
+            state["clip"] = self.adaptive.update(clip, norms,
                                                  expected_clients=self.expected_clients,
                                                  rng=generator)
         if canaries is not None:  # an audit's canary clients: extra rows before the noise
-            delta = canaries.insert(delta, w, clip=clip)
-        noisy = mech(delta, rng=generator)
+            tree = canaries.insert(_unflat(delta, w), w, clip=clip)
+            delta = torch.cat([tree[n].reshape(tree[n].shape[0], -1) for n in w], 1)
+        noisy = mech({"update": delta}, rng=generator)["update"]
         if canaries is not None:
-            canaries.observe(noisy)
-        mean = {k: noisy[k] / self.expected_clients for k in w}
+            canaries.observe(_unflat(noisy, w))
+        mean = _unflat(noisy / self.expected_clients, w)
         return server_step(w, mean, state, lr=self.server_lr, momentum=self.server_momentum)
 
     def public(self) -> list[str]:

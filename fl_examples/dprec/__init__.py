@@ -83,6 +83,7 @@ from fl_examples.dprec.config import (
     DPRecConfig,
     _model,
     check_relation,
+    distributed_dpfedavg,
     load_dataset,
 )
 from fl_examples.dprec.run import num_groups, run_algorithm
@@ -139,7 +140,24 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
         calibrated["dprec"] = {
             "parameter": "stddev", "value": sigma, "target_epsilon": cfg.epsilon,
             "planned_epsilon": dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma)}
-    z = cfg.dpfedavg_noise
+    plan = None
+    if cfg.distributed and "dpfedavg" in names:  # no trusted aggregator: Skellam shares
+        target = None if cfg.dpfedavg_noise is not None else (
+            cfg.epsilon if cfg.epsilon is not None
+            else dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma))
+        what = (f"calibrating DP-FedAvg's noise shares to central epsilon {target:.4g} (delta "
+                f"{cfg.delta:g}, {cfg.rounds} rounds)" if target is not None else
+                "building DP-FedAvg's distributed DP")
+        with status(what) as line:
+            plan, cal = distributed_dpfedavg(cfg, ds, noise_multiplier=cfg.dpfedavg_noise,
+                                             target=target)
+            line.done(f"{plan.noise_per_client:.4g} per client, {plan.bits} bits (z "
+                      f"{plan.noise_multiplier:.4g})")
+        if cal:
+            calibrated["dpfedavg"] = cal["calibrated"] | {
+                "target": "--noise-for-epsilon" if cfg.epsilon is not None
+                else "DP-REC's central epsilon"}
+    z = cfg.dpfedavg_noise if plan is None else plan.noise_multiplier
     if z is None and "dpfedavg" in names:
         target = (cfg.epsilon if cfg.epsilon is not None
                   else dprec_central_epsilon(cfg, n, cfg.rounds, groups, sigma))
@@ -157,7 +175,8 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
     for name in names:
         results[name] = run_algorithm(name, cfg, ds, z=z if name == "dpfedavg" else None,
                                       stddev=sigma if name == "dprec" else None, out=out_path,
-                                      resume=resume)
+                                      resume=resume,
+                                      distributed=plan if name == "dpfedavg" else None)
         if name in calibrated:
             results[name]["privacy"]["calibrated"] = calibrated[name]
         if "_canaries" in results[name]:
@@ -257,7 +276,9 @@ def final_table(result: dict[str, Any]) -> str:
                  "amplification, against the server that knows the sample, for a client at "
                  "the expected participation)")
     if "dpfedavg" in algs:
-        lines.append(f"(DP-FedAvg assumes a {TRUST_ASSUMPTION})")
+        trust = algs["dpfedavg"]["privacy"].get("trust_assumption", TRUST_ASSUMPTION)
+        lines.append(f"(DP-FedAvg assumes {'' if trust.startswith('distributed') else 'a '}"
+                     f"{trust})")
     priv = [r["privacy"] for n, r in algs.items() if n != "fedavg"]
     if priv:
         p0 = priv[0]

@@ -9,6 +9,7 @@ from typing import Any
 from fl_examples.core.canaries import check_count, refusal
 from fl_examples.core.data import FederatedDataset, digits, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
+from fl_examples.core.distributed import AGGREGATIONS
 from fl_examples.core.models import MultinomialLogReg
 from fl_examples.core.run import check_shared_settings
 from privkit import _validate
@@ -17,7 +18,8 @@ from privkit.errors import InvalidParameterError
 from privkit.mechanisms import rec
 
 __all__ = ["ALGORITHMS", "RELATIONS", "DEFAULT_CLIENTS_PER_ROUND", "DPRecConfig",
-           "load_dataset", "relation_of", "check_relation"]
+           "load_dataset", "relation_of", "check_relation", "distributed_dpfedavg",
+           "DEFAULT_SECAGG_BITS"]
 
 
 #: dprec: DP-REC; dpfedavg: DP-FedAvg (client-level, Poisson sampling); fedavg: the
@@ -25,9 +27,13 @@ __all__ = ["ALGORITHMS", "RELATIONS", "DEFAULT_CLIENTS_PER_ROUND", "DPRecConfig"
 ALGORITHMS = ("dprec", "dpfedavg", "fedavg")
 REPLACE_ONE = NeighboringRelation.REPLACE_ONE
 ADD_OR_REMOVE_ONE = NeighboringRelation.ADD_OR_REMOVE_ONE
+ZERO_OUT = NeighboringRelation.REPLACE_SPECIAL
 #: ``--relation`` values (neighbouring datasets differ in one whole client).
 RELATIONS = {"add-remove": ADD_OR_REMOVE_ONE, "replace-one": REPLACE_ONE}
 FLOAT_BITS = 32
+#: DP-FedAvg's secure-sum modulus exponent under ``aggregation="distributed"`` when
+#: ``secagg_bits`` is left out (upcycled's ``--bits`` default).
+DEFAULT_SECAGG_BITS = 20
 #: DP-REC's draws per round when ``clients_per_round`` is not given: ``min(30, N)``, every
 #: client of a federation of 30 or fewer (the paper gives no value).
 DEFAULT_CLIENTS_PER_ROUND = 30
@@ -78,6 +84,16 @@ class DPRecConfig:
             as not covered by their epsilon).
         audit_canaries: M > 0 plants M white-box canary clients in DP-FedAvg's noisy sums
             and audits its run (:mod:`fl_examples.core.canaries`); refused unless dpfedavg runs.
+        aggregation: DP-FedAvg's aggregation: ``central`` (the server adds the noise; the
+            default when DP-FedAvg runs) or ``distributed`` (each sampled client adds its own
+            Skellam noise share and the server learns the sum modulo ``2^secagg_bits`` through
+            secure aggregation, :mod:`fl_examples.core.distributed`; zero-out relation, or
+            replace-one with ``relation``; add-remove and canaries refused).
+        secagg_bits, min_survivors, colluders: ``distributed`` only: the modulus exponent
+            (default :data:`DEFAULT_SECAGG_BITS`), the fewest clients a released sum holds
+            (a round with a smaller sample is skipped: nothing released or charged; default
+            the largest n with P(sample < n) <= 1%) and the clients that may collude with the
+            server (default 0).
 
     The settings of one algorithm (``stddev``, ``bits``, ``groups``, ``history_compression``
     for DP-REC; ``dpfedavg_noise`` for DP-FedAvg; ``client_rate``; ``clients`` and
@@ -118,6 +134,10 @@ class DPRecConfig:
     secure_noise: bool = False
     eval_client_data: bool = False
     audit_canaries: int = 0
+    aggregation: str | None = None
+    secagg_bits: int | None = None
+    min_survivors: int | None = None
+    colluders: int | None = None
 
     def __post_init__(self) -> None:
         if self.clients is not None:
@@ -163,6 +183,43 @@ class DPRecConfig:
             raise InvalidParameterError("relation", self.relation,
                                         "add-remove or replace-one")
         check_shared_settings(self)  # local solver, delta, budget, seed, eval/checkpoint grid
+        self._check_aggregation()
+
+    def _check_aggregation(self) -> None:
+        """``aggregation`` and the settings only distributed DP uses (one line each)."""
+        own = ("secagg_bits", "min_survivors", "colluders")
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise InvalidParameterError("aggregation", self.aggregation,
+                                        "central or distributed")
+        if self.aggregation != "distributed":
+            for name in own:
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(name, getattr(self, name),
+                                                "given only with --aggregation distributed")
+            return
+        if self.relation == "add-remove":
+            raise InvalidParameterError(
+                "relation", self.relation, "zero-out (unset) or replace-one with --aggregation "
+                "distributed (a client added or removed brings or takes away its noise share)")
+        if self.audit_canaries:
+            raise refusal(self.audit_canaries, "with --aggregation distributed (the canary "
+                          "scores assume the server's Gaussian noise on a float sum)")
+        if self.secagg_bits is not None:
+            b = _validate.positive_int("secagg_bits", self.secagg_bits)
+            if not 2 <= b <= 62:
+                raise InvalidParameterError("secagg_bits", b, "an integer in [2, 62]")
+        if self.min_survivors is not None:
+            _validate.positive_int("min_survivors", self.min_survivors)
+        if self.colluders is not None:
+            k = _validate.nonnegative_int("colluders", self.colluders)
+            if self.min_survivors is not None and k >= self.min_survivors:
+                raise InvalidParameterError("colluders", k, f"< --min-survivors "
+                                            f"{self.min_survivors} (one honest noise share)")
+
+    @property
+    def distributed(self) -> bool:
+        """DP-FedAvg without a trusted aggregator (``aggregation="distributed"``)."""
+        return self.aggregation == "distributed"
 
     def resolved(self, algorithms: tuple[str, ...], *, check: bool = True) -> DPRecConfig:
         """This configuration with the settings left at None filled for ``algorithms`` (what
@@ -179,14 +236,16 @@ class DPRecConfig:
                    "client_rate": bool(runs & {"dpfedavg", "fedavg"}),
                    "clients": digits_data, "digits_classes": digits_data,
                    "secure_noise": bool(runs & {"dprec", "dpfedavg"}),
-                   "eval_client_data": bool(runs & {"dprec", "dpfedavg"})}
+                   "eval_client_data": bool(runs & {"dprec", "dpfedavg"}),
+                   "aggregation": "dpfedavg" in runs}
         why = {"stddev": "DP-REC runs", "bits": "DP-REC runs", "groups": "DP-REC runs",
                "history_compression": "DP-REC runs", "dpfedavg_noise": "DP-FedAvg runs",
                "client_rate": "DP-FedAvg or FedAvg runs",
                "clients": "--dataset digits (other data sets bring their own clients)",
                "digits_classes": "--dataset digits",
                "secure_noise": "a private algorithm (dprec, dpfedavg) runs",
-               "eval_client_data": "a private algorithm (dprec, dpfedavg) runs"}
+               "eval_client_data": "a private algorithm (dprec, dpfedavg) runs",
+               "aggregation": "DP-FedAvg runs (--algorithms)"}
         if check:
             for name, ok in applies.items():
                 value = getattr(self, name)
@@ -203,8 +262,11 @@ class DPRecConfig:
                                             "--noise-for-epsilon (which calibrates DP-REC's "
                                             "stddev)")
         fill = {"stddev": 1.0, "bits": 8, "groups": "per-layer", "history_compression": True,
-                "clients": 100, "digits_classes": 0}
+                "clients": 100, "digits_classes": 0, "aggregation": "central"}
         new = {k: v for k, v in fill.items() if getattr(self, k) is None and applies[k]}
+        if self.distributed and "dpfedavg" in runs:
+            new |= {k: v for k, v in (("secagg_bits", DEFAULT_SECAGG_BITS),
+                                      ("colluders", 0)) if getattr(self, k) is None}
         return dataclasses.replace(self, **new) if new else self
 
     def draws_per_round(self, num_clients: int) -> int:
@@ -231,7 +293,10 @@ class DPRecConfig:
 
 def relation_of(cfg: DPRecConfig, algorithm: str) -> NeighboringRelation:
     """The neighbouring relation ``algorithm`` is priced under (:attr:`DPRecConfig.relation`;
-    unset: DP-REC replace-one, DP-FedAvg add-remove)."""
+    unset: DP-REC replace-one, DP-FedAvg add-remove, or zero-out with distributed
+    aggregation)."""
+    if algorithm == "dpfedavg" and cfg.distributed and cfg.relation is None:
+        return ZERO_OUT
     if cfg.relation is not None:
         return RELATIONS[cfg.relation]
     return REPLACE_ONE if algorithm == "dprec" else ADD_OR_REMOVE_ONE
@@ -245,6 +310,27 @@ def check_relation(cfg: DPRecConfig, algorithm: str) -> None:
             "replace-one (or unset) when DP-REC runs: its message bound and its "
             "with-replacement amplification are proven under replace-one only; for DP-FedAvg "
             "under add-remove alone use --algorithms dpfedavg")
+
+
+def distributed_dpfedavg(cfg: DPRecConfig, ds: FederatedDataset, *,
+                         noise_multiplier: float | None = None, target: float | None = None
+                         ) -> tuple[Any, dict[str, Any]]:
+    """DP-FedAvg's plan and calibration record under ``aggregation="distributed"``
+    (:func:`fl_examples.core.distributed.distributed_plan`): the noise shares calibrated to
+    ``target`` over ``cfg.rounds`` rounds, or set by ``noise_multiplier`` (the released sum's
+    guaranteed noise stddev over C), under zero-out or ``--relation replace-one``."""
+    from fl_examples.core.distributed import distributed_plan
+    from fl_examples.core.models import num_parameters
+
+    n = ds.num_clients
+    return distributed_plan(
+        num_clients=n, client_rate=cfg.client_rate_for(n), l2_clip_norm=cfg.l2_clip,
+        dim=num_parameters(_model(cfg, ds)), bits=cfg.secagg_bits or DEFAULT_SECAGG_BITS,
+        rounds=cfg.rounds, delta=cfg.delta, min_survivors=cfg.min_survivors,
+        colluders=cfg.colluders or 0, noise_multiplier=noise_multiplier,
+        noise_for_epsilon=target, server_lr=cfg.server_lr,
+        server_momentum=cfg.server_momentum,
+        relation="replace-one" if cfg.relation == "replace-one" else "zero-out")
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:

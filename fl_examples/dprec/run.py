@@ -24,6 +24,7 @@ import torch
 import privkit
 from fl_examples.core.canaries import TrainerCanaries, canary_seed, for_plan, privacy_notes
 from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.distributed import DistributedDpPlan
 from fl_examples.core.dp_modes import POPULATION, ClientDpPlan, server_step
 from fl_examples.core.local import local_sgd
 from fl_examples.core.models import num_parameters
@@ -56,6 +57,7 @@ from fl_examples.dprec.config import (
     DPRecConfig,
     _model,
     check_relation,
+    distributed_dpfedavg,
     relation_of,
 )
 from privkit._journal import canonical_json
@@ -71,7 +73,8 @@ from privkit.mechanisms.aggregate import TRUST_ASSUMPTION
 __all__ = ["run_algorithm", "num_groups", "RELATION_NAMES"]
 
 #: The report's name of each relation (the ``--relation`` value).
-RELATION_NAMES = {"REPLACE_ONE": "replace-one", "ADD_OR_REMOVE_ONE": "add-remove"}
+RELATION_NAMES = {"REPLACE_ONE": "replace-one", "ADD_OR_REMOVE_ONE": "add-remove",
+                  "REPLACE_SPECIAL": "zero-out"}
 
 
 def num_groups(cfg: DPRecConfig, ds: FederatedDataset) -> int:
@@ -90,7 +93,8 @@ class _Run(TrainerRun):
     save_at_end = True  # the end of the run, or its budget stop, is always checkpointed
 
     def __init__(self, algorithm: str, cfg: DPRecConfig, ds: FederatedDataset,
-                 ledger: Ledger | None, z: float | None, stddev: float | None = None) -> None:
+                 ledger: Ledger | None, z: float | None, stddev: float | None = None,
+                 distributed: DistributedDpPlan | None = None) -> None:
         cfg = cfg.resolved((algorithm,), check=False)
         self.algorithm, self.cfg, self.ds, self.z = algorithm, cfg, ds, z
         # DP-REC's sigma (the other algorithms have none)
@@ -122,6 +126,10 @@ class _Run(TrainerRun):
         # only the sampler, so its noise multiplier is a placeholder)
         self.plan = ClientDpPlan(self.n, self.q, cfg.l2_clip, z if z is not None else 1.0,
                                  server_lr=cfg.server_lr, server_momentum=cfg.server_momentum)
+        if distributed is not None and algorithm == "dpfedavg":  # --aggregation distributed
+            self.plan = distributed  # type: ignore[assignment]
+        self._drawn: tuple[int, np.ndarray] | None = None  # the last round's sample
+        self._eps_cache: dict[int, float] = {}
         self.server: dict[str, Any] = {}  # the server's momentum buffer ("momentum")
         self.round = 0
         self.history: list[dict[str, Any]] = []
@@ -162,12 +170,29 @@ class _Run(TrainerRun):
                 return np.minimum((u * self.n).astype(np.int64), self.n - 1)
             return self.tree.numpy(t, "rec-draws").integers(0, self.n,
                                                             size=self.cfg.clients_per_round)
-        return self.plan.select(self.tree, t, self.secure)
+        sel = self.plan.select(self.tree, t, self.secure)
+        self._drawn = (t, sel)  # a distributed round's charge depends on its sample's size
+        return sel
+
+    @property
+    def distributed(self) -> bool:
+        """DP-FedAvg with distributed DP (:mod:`fl_examples.core.distributed`)."""
+        return isinstance(self.plan, DistributedDpPlan)
 
     def charges(self, t: int) -> list[tuple[int, list[str]]]:
         """(count, client ids) of each ledger batch round ``t`` charges, in order. DP-REC: a
         client drawn c times in the round is charged c uses at once; DP-FedAvg: one release
         for the whole population every round, whoever was sampled (none for FedAvg)."""
+        if self.algorithm == "dpfedavg" and self.distributed:
+            # one release of the population, or nothing for a round skipped (a sample below
+            # min_survivors); an OS-CSPRNG sample that is not this round's cannot be replayed
+            if self._drawn is not None and self._drawn[0] == t:
+                sel = self._drawn[1]
+            elif self.secure is not None:
+                return [(1, [POPULATION])]
+            else:
+                sel = self.draws(t)
+            return [] if self.plan.skips(sel) else [(1, [POPULATION])]
         if self.algorithm == "dpfedavg":
             return [(1, [POPULATION])]
         if self.algorithm == "fedavg":
@@ -184,6 +209,14 @@ class _Run(TrainerRun):
             return dprec_central_epsilon(self.cfg, self.n, t, self.num_groups, self.sigma)
         if self.algorithm == "fedavg":
             return 0.0
+        if self.distributed:  # released rounds so far; later rounds counted as released
+            done = int(self.server.get("distributed", {}).get("released", 0))
+            k = done + t - self.round if t >= self.round else min(done, t)
+            if k not in self._eps_cache:
+                self._eps_cache[k] = 0.0 if k == 0 else privkit.epsilon(
+                    privkit.SelfComposedDpEvent(self.plan.round_event(), k), self.cfg.delta,
+                    neighboring_relation=self.relation).epsilon
+            return self._eps_cache[k]
         assert self.z is not None
         return dpfedavg_central_epsilon(self.z, self.cfg, self.n, t)
 
@@ -193,6 +226,8 @@ class _Run(TrainerRun):
         if self.algorithm == "dprec":
             return RecDpEvent(self.sigma / self.cfg.l2_clip, 1 << self.cfg.bits,
                               self.num_groups, "REPLACE_ONE")
+        if self.distributed:
+            return self.plan.round_event()
         assert self.z is not None
         return dpfedavg_round_event(self.z, self.q, self.relation)
 
@@ -237,7 +272,15 @@ class _Run(TrainerRun):
         t0 = time.perf_counter()
         local = self._local(t, sel)
         self.compute += time.perf_counter() - t0
-        if self.algorithm == "dpfedavg":
+        if self.algorithm == "dpfedavg" and self.distributed:
+            # each sampled client encodes its update with its own Skellam share, the server
+            # decodes the modular sum / q N (a sample below min_survivors: skipped, nothing
+            # sent); the uplink is bits per rotated coordinate
+            self.w = self.plan.release(self.w, local, self.server, sel=sel,  # type: ignore[call-arg]
+                                       data_round=t, tree=self.tree, secure=self.secure)
+            self.up += 0 if self.plan.skips(sel) else (  # type: ignore[attr-defined]
+                self.plan.bits * self.plan.padded_dim * len(sel))  # type: ignore[attr-defined]
+        elif self.algorithm == "dpfedavg":
             # clip each update to C, one N(0, (z C)^2) draw on the sum (drawn also when no
             # client was sampled), / q N, then the server step
             noise = self.secure or self.tree.torch(t, "noise", self.device)
@@ -368,7 +411,7 @@ class _Run(TrainerRun):
             "uplink_bits_without_seeds": self.up_no_seed, "round_bits": self.round_bits,
             "last_seen": {str(c): r for c, r in sorted(self.last_seen.items())},
             "wall_time_s": self.wall, "client_compute_s": self.compute,
-        }
+        } | DistributedDpPlan.state_json(self.server)
 
     def same_config(self, state: dict[str, Any]) -> bool:
         return (super().same_config(state) and state.get("dpfedavg_noise") == self.z
@@ -386,6 +429,7 @@ class _Run(TrainerRun):
         self.round_bits = [int(b) for b in state["round_bits"]]
         self.last_seen = {int(c): int(r) for c, r in state["last_seen"].items()}
         self.wall, self.compute = float(state["wall_time_s"]), float(state["client_compute_s"])
+        DistributedDpPlan.load_state_json(state, self.server)  # distributed: round counts
 
     def adopt(self, pointer: LedgerPointer) -> None:
         """Check the ledger against the state at ``pointer``; never lose or redo spend.
@@ -497,6 +541,16 @@ class _Run(TrainerRun):
                 "bound": "Theorem R (derived; privkit spec), with-replacement sampling "
                          "(Wang-Balle-Kasiviswanathan Thm 9)"}
             public.append(f"|S'| = {cfg.clients_per_round} draws per round")
+        elif self.distributed:  # no trusted aggregator: the plan's own section
+            rep = self.plan.report(self.ledger, self.n, self.server)  # type: ignore[call-arg]
+            privacy |= {k: v for k, v in rep.items() if k not in (
+                "per_client", "public", "delta", "epsilon_max", "epsilon_mean", "proven",
+                "neighboring_relation", "assumptions")}
+            privacy |= {"epsilon_ledger": rep["epsilon_max"], "trust_assumption": rep["trust"],
+                        "central_assumptions": rep["assumptions"],
+                        "epsilon_central_note": "released rounds composed (a skipped round "
+                                                "charges nothing)"}
+            public += rep["public"][1:-1]
         else:
             assert self.z is not None
             unamp = self.plan.unamplified(self.round, cfg.delta, self.relation)
@@ -546,7 +600,8 @@ def _open_ledger(algorithm: str, cfg: DPRecConfig, out: Path | None,
 def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
                   z: float | None = None, stddev: float | None = None,
                   out: Path | None = None, resume: bool = False,
-                  stop_after: int | None = None) -> dict[str, Any]:
+                  stop_after: int | None = None,
+                  distributed: DistributedDpPlan | None = None) -> dict[str, Any]:
     """Run one algorithm; returns history, communication and privacy sections (and
     ``_model``, the final parameters, which the report leaves out).
 
@@ -554,7 +609,9 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
     sigma (default ``cfg.stddev``). With ``out`` and ``cfg.checkpoint_every``, checkpoints go
     to ``out/checkpoints/<algorithm>/`` every that many rounds and at the end; ``resume=True``
     continues from the latest one (the ledger is reopened, never reset). ``stop_after`` ends
-    the run after that many rounds (to test resuming).
+    the run after that many rounds (to test resuming). ``distributed``: DP-FedAvg's plan
+    under ``aggregation="distributed"`` (built by :func:`fl_examples.dprec.train`; ``z`` is
+    then its noise multiplier).
     """
     if algorithm not in ALGORITHMS:
         raise InvalidParameterError("algorithm", algorithm, "dprec, dpfedavg or fedavg")
@@ -562,8 +619,12 @@ def run_algorithm(algorithm: str, cfg: DPRecConfig, ds: FederatedDataset, *,
         raise InvalidParameterError("dpfedavg_noise", None, "given or calibrated")
     check_relation(cfg, algorithm)
     cfg = cfg.resolved((algorithm,), check=False).for_clients(ds.num_clients)
+    if algorithm == "dpfedavg" and cfg.distributed:  # z: the released sum's guaranteed noise
+        if distributed is None:
+            distributed, _ = distributed_dpfedavg(cfg, ds, noise_multiplier=z)
+        z = distributed.noise_multiplier
     ledger = None if algorithm == "fedavg" else _open_ledger(algorithm, cfg, out, resume)
-    run = _Run(algorithm, cfg, ds, ledger, z, stddev)
+    run = _Run(algorithm, cfg, ds, ledger, z, stddev, distributed)
     drive(run, checkpoints=checkpoint_dir(out, algorithm),
           checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every, resume=resume,
           stop_after=stop_after)

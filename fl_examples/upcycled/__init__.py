@@ -198,6 +198,16 @@ def _privacy_detail(p: dict[str, Any]) -> str:
                  if p.get("cohort_shortfall_rounds") else "")
         return (f"banded MF: {p['bands']} bands, clip {p['l2_clip_norm']:g}, z "
                 f"{p['noise_multiplier']:.4g}, {who}{short}")
+    if p.get("aggregation") == "distributed":
+        wrapped = p.get("wrapped_rounds", 0)
+        return (f"distributed DP (secure aggregation, Skellam shares; zero-out): clip "
+                f"{p['l2_clip_norm']:g}, {p['bits']} bits, granularity {p['granularity']:.3g}, "
+                f"noise {p['noise_per_client']:.4g} per client (z {p['noise_multiplier']:.4g} "
+                f"at {p['min_survivors']} survivors, {p['colluders']} colluder(s)), q "
+                f"{p['client_rate']:g}; rounding norm^2 <= {p['rounded_norm_bound_sq']}; "
+                f"wrap-around <= {p['wrap_bound_per_round']:.1e} a round, {wrapped} round(s) "
+                f"wrapped; {p['skipped_rounds']} round(s) skipped (fewer than "
+                f"{p['min_survivors']} clients)")
     if p.get("privacy_unit") == "client":
         ac = p.get("adaptive_clipping")
         clip = (f"clip adaptive at the {ac['target_quantile']:g} quantile from "
@@ -215,6 +225,20 @@ def _amount(p: dict[str, Any]) -> str:
                    f"{u['epsilon_whole_run']:.4g} for the whole run")
         return (f"eps {p['epsilon_max']:.4g} for every client (the population's; replace-one "
                 f"{p['epsilon_replace_one']:.4g}; {against})")
+    if p.get("aggregation") == "distributed":
+        u = p["epsilon_unamplified"]
+        k = u["expected_participations"]
+        if p["released_rate"] >= 1:
+            against = "every client in every round, no amplification: it holds against the " \
+                      "server"
+        else:
+            against = (f"amplified at q' {p['released_rate']:.4g} against outsiders only; "
+                       f"against the server, which knows the sample: "
+                       f"{u['epsilon_at_expected']:.4g} for a client in {k} released "
+                       f"round{'' if k == 1 else 's'} (the expected number), "
+                       f"{u['epsilon_every_round']:.4g} in all {u['every_round']}")
+        return (f"eps {p['epsilon_max']:.4g} for every client (the population's, zero-out; "
+                f"replace-one {p['epsilon_replace_one']:.4g}; {against})")
     if p.get("privacy_unit") == "client":
         u = p["epsilon_unamplified"]
         k = u["expected_participations"]
@@ -252,7 +276,8 @@ def final_table(result: dict[str, Any]) -> str:
     p0 = next(r["privacy"] for r in algs.values() if "privacy" in r)
     tail = ["", "privacy (upper bounds):", *notes]
     if p0.get("trust"):
-        tail.append(f"assumes a {p0['trust']}")
+        trust = str(p0["trust"])  # distributed DP's sentence names its own model
+        tail.append(f"assumes {'' if trust.startswith('distributed') else 'a '}{trust}")
     tail.append("not covered by epsilon: " + "; ".join(
         f"{n['field']} ({n['reason'].split(':')[0]})" for n in p0.get("not_covered", [])))
     return "\n".join(lines + tail)

@@ -9,6 +9,7 @@ from typing import Any
 from fl_examples.core.applies import check_and_resolve, refuse_together
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.deep_models import CNN
+from fl_examples.core.distributed import AGGREGATIONS
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.privacy import (
     PRIVACY_KINDS,
@@ -38,13 +39,14 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "allow_unproven": ("objective",), "secure_noise": _PRIVATE,
     "eval_client_data": _PRIVATE, "mechanism": ("client",), "bands": ("client",),
     "participation": ("client",), "groups": ("client",),
-    "min_separation": ("client",),
+    "min_separation": ("client",), "aggregation": ("client",), "bits": ("client",),
+    "min_survivors": ("client",), "colluders": ("client",),
 }
 #: The defaults of the privacy settings, filled for the models that use them.
 DEFAULTS: dict[str, Any] = {
     "sensitivity": "replace-one", "stddev": 1.0, "alpha": 20.0,
     "noise_multiplier": 1.0, "server_lr": 1.0, "noise_target": "max",
-    "mechanism": "gaussian",
+    "mechanism": "gaussian", "aggregation": "central",
 }
 #: The client-level defaults that depend on the mechanism, filled for the settings left out.
 #: DP-FedAvg (``gaussian``): the clip norm tracks the median update norm (adaptive clipping,
@@ -57,6 +59,9 @@ CLIENT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gaussian": {"adaptive_clip": 0.5, "server_momentum": 0.5},
     "bandmf": {"server_momentum": 0.0},
 }
+#: The secure sum's modulus exponent of ``--aggregation distributed`` when ``--bits`` is left
+#: out (TensorFlow Federated's default; docs/mechanisms/distributed_dp.md measures 12 to 20).
+DEFAULT_BITS = 20
 #: Client-level mechanisms: ``gaussian`` (DP-FedAvg, Poisson sampling) and ``bandmf``
 #: (banded matrix factorization, :mod:`fl_examples.core.banded`).
 MECHANISMS = ("gaussian", "bandmf")
@@ -151,6 +156,18 @@ class UpcycledConfig:
             of a client (default: bands).
         audit_canaries: ``client`` only: M > 0 plants M white-box canary clients in the main
             algorithm's releases and audits the run (:mod:`fl_examples.core.canaries`).
+        aggregation: ``client`` only: ``central`` (default: DP-FedAvg, the server adds the
+            noise) or ``distributed`` (no trusted aggregator: each client adds a Skellam
+            noise share and the server learns the sum modulo 2^bits through secure
+            aggregation; :mod:`fl_examples.core.distributed`). Not with ``bandmf``, adaptive
+            clipping or canaries.
+        bits: ``distributed``: the secure sum's modulus exponent (default
+            :data:`DEFAULT_BITS`).
+        min_survivors: ``distributed``: the fewest clients a released sum may hold; a data
+            round with a smaller cohort is skipped, releasing and charging nothing (default:
+            the largest n with P(cohort < n) <= 1%, N at client rate 1).
+        colluders: ``distributed``: clients that may collude with the server (their noise
+            shares are not counted; default 0).
 
     The privacy settings left at None take their model's default (:data:`DEFAULTS`); one
     given for a model that does not use it is refused (:data:`APPLIES`), so the recorded
@@ -199,6 +216,10 @@ class UpcycledConfig:
     groups: int | None = None
     min_separation: int | None = None
     audit_canaries: int = 0
+    aggregation: str | None = None
+    bits: int | None = None
+    min_survivors: int | None = None
+    colluders: int | None = None
 
     def __post_init__(self) -> None:
         float32_scale("mu", self.mu, allow_zero=True)
@@ -277,11 +298,58 @@ class UpcycledConfig:
             _validate.positive("feature_norm", self.feature_norm)
         if self.privacy == "output" and self.sensitivity == "strongly-convex":
             self._check_strongly_convex()
+        self._check_aggregation()
         self._check_mechanism()
         check_audit(self.audit_canaries, self.privacy, self.checkpoint_every)
         if self.baseline_iterations not in ("auto", "half", "same"):
             raise InvalidParameterError("baseline_iterations", self.baseline_iterations,
                                         "auto, half or same")
+
+    def _check_aggregation(self) -> None:
+        """``aggregation`` and the settings only distributed DP uses: refused where they do
+        not apply, with the mechanism, adaptive clipping or canaries they conflict with."""
+        if self.aggregation is None:  # not client level (refused by name there)
+            return
+        if self.aggregation not in AGGREGATIONS:
+            raise InvalidParameterError("aggregation", self.aggregation,
+                                        "central or distributed")
+        own = ("bits", "min_survivors", "colluders")
+        if self.aggregation == "central":
+            for name in own:
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(name, getattr(self, name),
+                                                "given only with --aggregation distributed")
+            return
+        if self.mechanism == "bandmf":
+            raise InvalidParameterError(
+                "aggregation", self.aggregation, "central with --mechanism bandmf (banded MF's "
+                "correlated noise comes from the server's secret noise state; clients cannot "
+                "add independent shares of it)")
+        if self.adaptive_clip:
+            raise InvalidParameterError(
+                "adaptive_clip", self.adaptive_clip, "left out (or 0) with --aggregation "
+                "distributed (adaptive clipping's count would need its own secure sum and "
+                "noise shares; the clip norm --clip is fixed)")
+        if self.audit_canaries:
+            from fl_examples.core.canaries import refusal
+
+            raise refusal(self.audit_canaries, "with --aggregation distributed (the canary "
+                          "scores assume the server's Gaussian noise on a float sum; audit "
+                          "the Skellam mechanism with privkit's library tests instead)")
+        object.__setattr__(self, "adaptive_clip", 0.0)
+        bits = DEFAULT_BITS if self.bits is None else self.bits
+        object.__setattr__(self, "bits", _validate.positive_int("bits", bits))
+        if not 2 <= self.bits <= 62:
+            raise InvalidParameterError("bits", self.bits, "an integer in [2, 62]")
+        if self.min_survivors is not None:
+            object.__setattr__(self, "min_survivors", _validate.positive_int(
+                "min_survivors", self.min_survivors))
+        colluders = 0 if self.colluders is None else self.colluders
+        object.__setattr__(self, "colluders", _validate.nonnegative_int("colluders", colluders))
+        if self.min_survivors is not None and self.colluders >= self.min_survivors:
+            raise InvalidParameterError("colluders", self.colluders,
+                                        f"< --min-survivors {self.min_survivors} (at least "
+                                        "one honest noise share)")
 
     def _check_mechanism(self) -> None:
         """The client-level mechanism and the settings only banded MF uses."""

@@ -8,6 +8,7 @@ from typing import Any
 import privkit
 from fl_examples.core.banded import banded_plan
 from fl_examples.core.data import FederatedDataset
+from fl_examples.core.distributed import distributed_plan
 from fl_examples.core.dp_modes import (
     ClientDpPlan,
     RecordDpPlan,
@@ -118,6 +119,8 @@ def _dp_plan(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteratio
     """The client- or record-level plan, with ``noise_for_epsilon`` calibrated."""
     if cfg.privacy == "client" and cfg.mechanism == "bandmf":
         return _banded(algorithm, cfg, ds, iterations)
+    if cfg.privacy == "client" and cfg.aggregation == "distributed":
+        return _distributed(algorithm, cfg, ds, iterations)
     if cfg.noise_for_epsilon is None:
         plan = client_plan(cfg, ds) if cfg.privacy == "client" else record_plan(cfg, ds)
         return plan, {}
@@ -168,6 +171,36 @@ def _banded(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iteration
                 f"{cfg.delta:g})") as line:
         plan, cal = banded_plan(**kw)  # type: ignore[arg-type]
         line.done(f"z = {plan.noise_multiplier:.4g} (planned epsilon "
+                  f"{cal['calibrated']['planned_epsilon']:.4g})")
+    return plan, cal
+
+
+def _distributed(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iterations: int
+                 ) -> tuple[Any, dict[str, Any]]:
+    """Distributed DP with secure aggregation (:mod:`fl_examples.core.distributed`): each
+    sampled client adds its own Skellam share; the noise is set by ``--noise-multiplier`` or
+    calibrated to ``--noise-for-epsilon`` over the run's data rounds. FedAvg drops its
+    stragglers before the sum (a client is in it with probability q (1 - s))."""
+    from fl_examples.core.models import num_parameters
+    from fl_examples.upcycled.config import _model
+
+    rounds = data_rounds(algorithm, iterations)
+    kw = dict(num_clients=ds.num_clients, client_rate=cfg.effective_client_rate,
+              l2_clip_norm=cfg.l2_clip_norm, dim=num_parameters(_model(cfg, ds)),
+              bits=cfg.bits, rounds=rounds, delta=cfg.delta, min_survivors=cfg.min_survivors,
+              colluders=cfg.colluders, noise_multiplier=cfg.noise_multiplier,
+              noise_for_epsilon=cfg.noise_for_epsilon, server_lr=cfg.server_lr,
+              server_momentum=cfg.server_momentum,
+              drop_rate=cfg.stragglers if algorithm == "fedavg" else 0.0)
+    what = f"{algorithm}'s distributed DP ({cfg.bits} bits, {rounds} data rounds)"
+    if cfg.noise_for_epsilon is None:
+        with status(f"building {what}"):
+            return distributed_plan(**kw)  # type: ignore[arg-type]
+    with status(f"calibrating {what}'s noise shares to epsilon {cfg.noise_for_epsilon:g} "
+                f"(delta {cfg.delta:g}, zero-out)") as line:
+        plan, cal = distributed_plan(**kw)  # type: ignore[arg-type]
+        line.done(f"{plan.noise_per_client:.4g} per client, granularity "
+                  f"{plan.granularity:.3g} (z {plan.noise_multiplier:.4g}; planned epsilon "
                   f"{cal['calibrated']['planned_epsilon']:.4g})")
     return plan, cal
 

@@ -12,6 +12,7 @@ import torch
 from fl_examples.core.banded import BandedDpPlan
 from fl_examples.core.canaries import TrainerCanaries, canary_seed, for_plan, privacy_notes
 from fl_examples.core.data import FederatedDataset, Split
+from fl_examples.core.distributed import DistributedDpPlan
 from fl_examples.core.dp_modes import charge_entries
 from fl_examples.core.dpsgd import client_streams, local_dpsgd
 from fl_examples.core.local import local_sgd
@@ -119,7 +120,8 @@ class _Run(TrainerRun):
                                   "model": {k: v.detach().cpu() for k, v in self.w.items()}}
         if self.plan is not None and self.ledger is not None:
             p = (self.plan.report(self.ledger, self.ds.num_clients, self.server)
-                 if self.banded else self.plan.report(self.ledger, self.ds.num_clients)
+                 if self.banded or self.distributed
+                 else self.plan.report(self.ledger, self.ds.num_clients)
                  ) | self.calibration
             proven = bool(p.get("proven", True))
             public = self.plan.public() if hasattr(self.plan, "public") else [
@@ -160,6 +162,11 @@ class _Run(TrainerRun):
     def banded(self) -> bool:
         """Client level with banded MF (:mod:`fl_examples.core.banded`)."""
         return isinstance(self.plan, BandedDpPlan)
+
+    @property
+    def distributed(self) -> bool:
+        """Client level with distributed DP (:mod:`fl_examples.core.distributed`)."""
+        return isinstance(self.plan, DistributedDpPlan)
 
     def _selection(self, r: int) -> tuple[Any, Any]:
         """(clients, local epochs) of data round ``r`` (FedAvg drops its stragglers).
@@ -273,7 +280,7 @@ class _Run(TrainerRun):
         assert self.plan is not None
         sel, epochs = self._selection(r)
         t0 = time.perf_counter()
-        if len(sel):
+        if len(sel) and not (self.distributed and self.plan.skips(sel)):  # type: ignore[union-attr]
             local = self._train(sel, epochs, r)  # a non-finite update contributes zeros
         else:
             local = {k: v.unsqueeze(0)[:0] for k, v in self.w.items()}
@@ -281,6 +288,9 @@ class _Run(TrainerRun):
         if self.banded:
             new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
                                     sel=sel, data_round=r, canaries=self.canaries)
+        elif self.distributed:  # each client's own noise share and stream (skips: no release)
+            new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
+                                    sel=sel, data_round=r, tree=self.tree, secure=self.secure)
         else:
             new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
                                     canaries=self.canaries)
@@ -339,6 +349,8 @@ class _Run(TrainerRun):
             t, e = self.plan.state_tensors(self.server)  # type: ignore[union-attr]
             tensors |= t
             extra |= e
+        if self.distributed:  # released, skipped and wrapped rounds
+            extra |= DistributedDpPlan.state_json(self.server)
         return tensors, extra
 
     def load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
@@ -354,6 +366,8 @@ class _Run(TrainerRun):
         if self.banded:
             self.plan.load_state_tensors(tensors, state, self.server,  # type: ignore[union-attr]
                                          self.w)
+        if self.distributed:
+            DistributedDpPlan.load_state_json(state, self.server)
 
     def _expected_charges(self, t: int) -> list[tuple[int, str, int, str]]:
         """(data round, client id, count, canonical event JSON) of each entry iteration ``t``

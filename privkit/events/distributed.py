@@ -30,7 +30,7 @@ Examples:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attr
 
@@ -38,6 +38,7 @@ from privkit import _validate
 from privkit._dpa import dp_event
 from privkit.errors import InvalidParameterError
 from privkit.events._core import register_event_module
+from privkit.events.mechanisms import NeighboringRelation, as_relation
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
@@ -49,9 +50,14 @@ __all__ = [
     "DISTRIBUTED_TRUST_ASSUMPTION",
     "MAX_NORM_BOUND_SQ",
     "MAX_NOISE_PER_CLIENT",
+    "MAX_BITS",
     "padded_dimension",
     "rounded_norm_bound_sq",
     "skellam_sensitivities",
+    "check_bits",
+    "honest_shares",
+    "skellam_relation",
+    "skellam_relation_error",
 ]
 
 #: Largest squared norm bound allowed: the mechanism sums the squares of a rounded vector in
@@ -60,6 +66,8 @@ MAX_NORM_BOUND_SQ = 1 << 62
 #: Largest Skellam variance per client (each Poisson mean <= 2^50: numpy's sampler and int64
 #: sums stay exact).
 MAX_NOISE_PER_CLIENT = float(1 << 51)
+#: Largest modulus exponent: the encoded values and every partial sum fit int64 / uint64.
+MAX_BITS = 62
 
 #: What distributed DP assumes (every report that prices a :class:`SkellamDpEvent` states it).
 DISTRIBUTED_TRUST_ASSUMPTION = (
@@ -82,6 +90,59 @@ def padded_dimension(dim: int) -> int:
     """
     d = _validate.positive_int("dim", dim)
     return 1 << (d - 1).bit_length()
+
+
+def check_bits(bits: Any) -> int:
+    """``bits``, the exponent of the secure aggregation modulus ``2^bits``, checked: an
+    integer in [2, :data:`MAX_BITS`] (what the mechanism and the calibration accept)."""
+    b = _validate.positive_int("bits", bits)
+    if not 2 <= b <= MAX_BITS:
+        raise InvalidParameterError("bits", bits, f"an integer in [2, {MAX_BITS}]")
+    return b
+
+
+def honest_shares(min_survivors: Any, colluders: Any) -> int:
+    """The noise shares every released sum is guaranteed, ``min_survivors - colluders``, with
+    both checked (``min_survivors >= 1``, ``0 <= colluders < min_survivors``).
+
+    Example:
+        >>> honest_shares(50, 5)
+        45
+    """
+    n = _validate.positive_int("min_survivors", min_survivors)
+    k = _validate.nonnegative_int("colluders", colluders)
+    if k >= n:
+        raise InvalidParameterError("colluders", colluders,
+                                    f"< min_survivors = {n} (at least one honest share)")
+    return n - k
+
+
+def skellam_relation_error(relation: Any) -> str | None:
+    """Why a :class:`SkellamDpEvent` cannot be priced under ``relation`` (add/remove), or
+    None (zero-out and replace-one)."""
+    if relation == NeighboringRelation.ADD_OR_REMOVE_ONE:
+        return ("SkellamDpEvent is not priced under ADD_OR_REMOVE_ONE: a client added or "
+                "removed adds or removes its noise share too, so the neighbouring sums differ "
+                "in their noise, not only by a shift; price it under zero-out "
+                "(neighboring_relation='zero-out', the client keeps its place and its noise "
+                "share, its update becomes zero) or REPLACE_ONE")
+    return None
+
+
+def skellam_relation(value: Any) -> Any:
+    """The neighbouring relation a distributed Skellam run is stated under: ``value`` (a
+    relation or its name; None: zero-out, ``REPLACE_SPECIAL``), refused under add/remove.
+
+    Raises:
+        InvalidParameterError: add/remove, or a name that is no relation (named
+            ``neighboring_relation``).
+    """
+    rel = NeighboringRelation.REPLACE_SPECIAL if value is None else as_relation(value)
+    why = skellam_relation_error(rel)
+    if why is not None:
+        raise InvalidParameterError("neighboring_relation", rel.name,
+                                    "zero-out (REPLACE_SPECIAL) or REPLACE_ONE: " + why)
+    return rel
 
 
 def _beta(value: float) -> float:

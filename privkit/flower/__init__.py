@@ -12,6 +12,10 @@
   training, released only when the ClientApp confirms it: :func:`dpsgd_request`).
 - :class:`ClientSideClippingMod`: the ClientApp's half of ``ClientLevelDP(...,
   clipping="client")`` (each client clips its own update; the server adds the noise).
+- :class:`DistributedDP` and :class:`DistributedDpMod`: client-level DP without a trusted
+  aggregator on Flower's SecAgg+ (legacy workflow): each client adds its own Skellam noise
+  share, the server decodes the modular sum (:func:`secaggplus_workflow` configures SecAgg+ to
+  carry privkit's integers exactly).
 - :class:`PrivacySettings`: the per-client mechanism a strategy sends its clients.
 - :mod:`privkit.flower.records`: models <-> Flower records, and the message keys.
 
@@ -29,6 +33,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from privkit.flower.banded import BandedClientLevelDP
 from privkit.flower.central import POPULATION, ClientLevelDP
+from privkit.flower.distributed import (
+    DistributedDP,
+    DistributedDpMod,
+    modular_sum_from_secaggplus,
+    secaggplus_parameters,
+    secaggplus_workflow,
+)
 from privkit.flower.mods import (
     ClientSideClippingMod,
     DpSgdMod,
@@ -43,6 +54,11 @@ from privkit.flower.settings import MissingSettingError, PrivacySettings
 __all__ = [
     "ClientLevelDP",
     "BandedClientLevelDP",
+    "DistributedDP",
+    "DistributedDpMod",
+    "secaggplus_workflow",
+    "secaggplus_parameters",
+    "modular_sum_from_secaggplus",
     "POPULATION",
     "ClientSideClippingMod",
     "DpSgdMod",

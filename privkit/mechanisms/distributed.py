@@ -76,13 +76,19 @@ from privkit.errors import InvalidParameterError
 from privkit.events import DpEvent, SelfComposedDpEvent
 from privkit.events.distributed import (
     DISTRIBUTED_TRUST_ASSUMPTION,
+    MAX_BITS,
     MAX_NOISE_PER_CLIENT,
     SkellamDpEvent,
+    check_bits,
+    honest_shares,
     padded_dimension,
     rounded_norm_bound_sq,
+    skellam_relation,
     skellam_sensitivities,
 )
+from privkit.mechanisms._distributed_modular import _residues, center_modular, secure_sum
 from privkit.mechanisms._distributed_poisson import MAX_LAMBDA, exact_poisson
+from privkit.mechanisms._distributed_rotation import hadamard_rotate, inverse_hadamard_rotate
 from privkit.mechanisms._tree import _no_grad, _torch
 from privkit.mechanisms.sampling import (
     _float_leaves,
@@ -105,63 +111,7 @@ __all__ = [
     "skellam_noise",
 ]
 
-#: Largest modulus exponent: the encoded values and every partial sum fit int64 / uint64.
-MAX_BITS = 62
 MAX_NOISE = MAX_NOISE_PER_CLIENT
-
-
-# ------------------------------------------------------------------ rotation
-def _fwht(x: np.ndarray) -> np.ndarray:
-    """Unnormalised fast Walsh-Hadamard transform of a float64 vector of length 2^k."""
-    y = np.array(x, dtype=np.float64, copy=True)
-    n = y.size
-    h = 1
-    while h < n:
-        v = y.reshape(-1, 2, h)
-        a = v[:, 0, :].copy()
-        v[:, 0, :] += v[:, 1, :]
-        v[:, 1, :] = a - v[:, 1, :]
-        h *= 2
-    return y
-
-
-def _signs(rotation_seed: Any, d: int) -> np.ndarray:
-    seed = _validate.nonnegative_int("rotation_seed", rotation_seed)
-    bits = np.random.default_rng(seed).integers(0, 2, size=d)
-    return bits.astype(np.float64) * 2.0 - 1.0
-
-
-def _padded_vector(x: Any, name: str) -> np.ndarray:
-    v = np.asarray(x, dtype=np.float64)
-    if v.ndim != 1 or v.size == 0 or v.size & (v.size - 1):
-        raise InvalidParameterError(name, v.shape, "a 1-D array whose length is a power of 2")
-    return v
-
-
-def hadamard_rotate(x: Any, rotation_seed: int) -> np.ndarray:
-    """The randomized Hadamard rotation ``H D x / sqrt(d)`` (``D`` random signs from the public
-    ``rotation_seed``, ``H`` the Walsh-Hadamard matrix): orthogonal, so norms are kept.
-
-    Args:
-        x: a 1-D float vector whose length ``d`` is a power of 2 (zero-pad first).
-        rotation_seed: public shared randomness, an integer >= 0.
-
-    Example:
-        >>> import numpy as np
-        >>> y = hadamard_rotate(np.array([3.0, 4.0, 0.0, 0.0]), rotation_seed=1)
-        >>> round(float(np.linalg.norm(y)), 12)
-        5.0
-        >>> np.allclose(inverse_hadamard_rotate(y, rotation_seed=1), [3, 4, 0, 0])
-        True
-    """
-    v = _padded_vector(x, "x")
-    return _fwht(v * _signs(rotation_seed, v.size)) / math.sqrt(v.size)
-
-
-def inverse_hadamard_rotate(y: Any, rotation_seed: int) -> np.ndarray:
-    """The inverse of :func:`hadamard_rotate` with the same seed: ``D H y / sqrt(d)``."""
-    v = _padded_vector(y, "y")
-    return _signs(rotation_seed, v.size) * (_fwht(v) / math.sqrt(v.size))
 
 
 # ------------------------------------------------------------------ rounding and noise
@@ -256,70 +206,6 @@ def skellam_noise(size: int, mu: float, *, rng: Any) -> np.ndarray:
     return a - gen.poisson(lam, n).astype(np.int64)
 
 
-# ------------------------------------------------------------------ modular arithmetic
-def _bits(value: Any) -> int:
-    b = _validate.positive_int("bits", value)
-    if not 2 <= b <= MAX_BITS:
-        raise InvalidParameterError("bits", value, f"an integer in [2, {MAX_BITS}]")
-    return b
-
-
-def _residues(values: Any, bits: int, name: str) -> np.ndarray:
-    a = np.asarray(values)
-    if a.dtype.kind not in "ui":
-        raise InvalidParameterError(name, a.dtype, "an integer array (values in [0, 2^bits))")
-    if a.size and (a.min() < 0 or a.max() >= (1 << bits)):
-        bad = a.min() if a.min() < 0 else a.max()
-        raise InvalidParameterError(name, int(bad), f"values in [0, 2^{bits})")
-    return a.astype(np.uint64)
-
-
-def secure_sum(encoded: Sequence[Any], bits: int) -> np.ndarray:
-    """What secure aggregation reveals: the exact sum of the clients' vectors modulo 2^bits.
-
-    Every input holds residues in ``[0, 2^bits)``; the sum is taken in uint64 and reduced after
-    each addition (two residues below 2^62 never overflow), so it is exact for any number of
-    clients. Flower's SecAgg+ sums quantised vectors the same way (no noise of its own).
-
-    Args:
-        encoded: one integer array per surviving client, all of one shape (at least one).
-        bits: the modulus exponent, 2..62.
-
-    Example:
-        >>> import numpy as np
-        >>> secure_sum([np.array([7, 1], np.uint64), np.array([6, 0], np.uint64)], bits=3)
-        array([5, 1], dtype=uint64)
-    """
-    b = _bits(bits)
-    if isinstance(encoded, np.ndarray) or not isinstance(encoded, Sequence) or not encoded:
-        raise InvalidParameterError("encoded", type(encoded).__name__,
-                                    "a non-empty list of per-client integer arrays")
-    mask = np.uint64((1 << b) - 1)
-    first = _residues(encoded[0], b, "encoded[0]")
-    acc = first.copy()
-    for i, e in enumerate(encoded[1:], start=1):
-        r = _residues(e, b, f"encoded[{i}]")
-        if r.shape != acc.shape:
-            raise InvalidParameterError(f"encoded[{i}]", r.shape, f"shape {acc.shape}")
-        acc += r
-        acc &= mask
-    return acc
-
-
-def center_modular(values: Any, bits: int) -> np.ndarray:
-    """Residues modulo 2^bits as the integers in ``[-2^(bits-1), 2^(bits-1))`` (int64).
-
-    Example:
-        >>> import numpy as np
-        >>> center_modular(np.array([0, 3, 4, 7], np.uint64), bits=3)
-        array([ 0,  3, -4, -1])
-    """
-    b = _bits(bits)
-    r = _residues(values, b, "values").astype(np.int64)
-    half = 1 << (b - 1)
-    return np.where(r >= half, r - (1 << b), r)
-
-
 # ------------------------------------------------------------------ tree helpers
 def _flat_update(update: Any, dim: int) -> np.ndarray:
     leaves, _ = _float_leaves(update, "update")
@@ -346,18 +232,6 @@ def _unflat(vector: np.ndarray, like: Any, dim: int) -> Any:
         out.append(_from_f64(vector[start:start + size], leaf))
         start += size
     return _unflatten(spec, iter(out))
-
-
-def _relation(value: Any) -> Any:
-    from privkit.events.mechanisms import NeighboringRelation, as_relation
-
-    rel = NeighboringRelation.REPLACE_SPECIAL if value is None else as_relation(value)
-    if rel == NeighboringRelation.ADD_OR_REMOVE_ONE:
-        raise InvalidParameterError(
-            "neighboring_relation", "ADD_OR_REMOVE_ONE",
-            "zero-out (REPLACE_SPECIAL) or REPLACE_ONE: a client added or removed adds or "
-            "removes its noise share too, which the Skellam bound does not cover")
-    return rel
 
 
 # ------------------------------------------------------------------ the mechanism
@@ -405,13 +279,9 @@ class DistributedSkellam:
         mu = _validate.positive("noise_per_client", self.noise_per_client)
         if mu > MAX_NOISE:
             raise InvalidParameterError("noise_per_client", self.noise_per_client, "<= 2^51")
-        _bits(self.bits)
+        check_bits(self.bits)
         d = padded_dimension(self.dim)
-        n = _validate.positive_int("min_survivors", self.min_survivors)
-        k = _validate.nonnegative_int("colluders", self.colluders)
-        if k >= n:
-            raise InvalidParameterError("colluders", self.colluders,
-                                        f"< min_survivors = {n} (at least one honest share)")
+        honest_shares(self.min_survivors, self.colluders)
         _validate.probability("sampling_probability", self.sampling_probability)
         _validate.positive_int("max_rounding_tries", self.max_rounding_tries)
         if not isinstance(self._noise, bool):
@@ -456,7 +326,7 @@ class DistributedSkellam:
     @property
     def neighboring_relation(self) -> Any:
         """The relation of :meth:`event`'s default: zero-out (``REPLACE_SPECIAL``)."""
-        return _relation(None)
+        return skellam_relation(None)
 
     # ---------------------------------------------------------------- events
     def event(self, neighboring_relation: Any = None) -> DpEvent:
@@ -470,7 +340,7 @@ class DistributedSkellam:
             >>> ev.survivors, ev.l2_sensitivity > m.scaled_clip
             (50, True)
         """
-        _relation(neighboring_relation)
+        skellam_relation(neighboring_relation)
         l2, l1 = self.sensitivities
         return SkellamDpEvent(float(self.noise_per_client), self.honest_survivors, l2, l1,
                               float(self.sampling_probability))
@@ -478,7 +348,7 @@ class DistributedSkellam:
     def unamplified_event(self, rounds: int, neighboring_relation: Any = None) -> DpEvent:
         """``rounds`` rounds a client took part in, without amplification: what the server,
         which picks the cohort, can be held to. ``rounds`` >= 1."""
-        _relation(neighboring_relation)
+        skellam_relation(neighboring_relation)
         k = _validate.positive_int("rounds", rounds)
         l2, l1 = self.sensitivities
         return SelfComposedDpEvent(

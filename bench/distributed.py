@@ -1,0 +1,508 @@
+"""Distributed DP (secure aggregation, each client's own Skellam share) against central
+DP-FedAvg at the same epsilon **under the same threat model**.
+
+Central DP-FedAvg's headline epsilon uses Poisson amplification, which distributed DP cannot
+match (a client that leaves the cohort takes its noise share with it; only joint convexity
+applies, and only against outsiders). So the two are compared where both guarantees mean the
+same thing:
+
+- ``every-round`` (the first table): **every client in every round** (q = 1) on
+  ``digits:iid@200`` (60 data rounds, clip 1): no amplification in either mode, so both
+  epsilons hold against the server and against everyone; the trainers' own
+  ``--noise-for-epsilon`` (central: a fixed clip), FedAvg and Upcycled-FL (the same data
+  rounds; Upcycled-FL's even iterations are free), epsilon 2, 4, 8 at delta 1e-5, distributed
+  at 16 and 20 bits.
+- ``server``: **both priced against the server**, which picks the cohort, on
+  ``synthetic:iid@2000/500`` at the client-level bench's Poisson rate q = 0.05 (100 data
+  rounds, clip 3): the unamplified composition of every round (the epsilon of a client
+  sampled in all T rounds). Central: z calibrated so that T unamplified Gaussian releases have
+  the target epsilon (``--noise-multiplier``, a fixed clip); distributed: the released sum's
+  noise multiplier bisected so that T unamplified Skellam releases with ``min_survivors``
+  shares (the default: at most 1% of rounds skipped, 78 of an expected 100) have it. Each row
+  gives the epsilon the run itself reports against the server
+  (``epsilon_unamplified.epsilon_every_round``), at most the target.
+- ``bits``: accuracy against the modulus (8 to 20 bits) at epsilon 4, FedAvg, in both
+  settings above, with the decoded mean's MSE against central DP's at the expected cohort;
+  too few bits is refused by the calibration (the sum of the rounding errors alone nears
+  2^(bits-1)) and shown as such.
+- ``cost``: the client-side encode (clip, rotate, round, noise, wrap) per client and round
+  against one client's local training in the same round (trained alone, K = 1), median over
+  clients; wall-clock on this machine (shared: noisy).
+- ``flower``: distributed DP on Flower's own SecAgg+ (``privkit.flower.DistributedDP`` and
+  ``DistributedDpMod`` in ``run_simulation``, Ray) with ``--supernodes`` SuperNodes (20 by
+  default) holding ``digits:iid@<n>``, every node every round, FedAvg with the trainers'
+  local solver, against the trainer's central mode on the same data and settings at the same
+  epsilon (seeds), and the trainer's distributed mode.
+
+Writes ``OUT/distributed.csv`` and prints the tables.
+
+    python bench/distributed.py --out runs/distributed            # the docs' tables
+    python bench/distributed.py --quick                           # a smaller run
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import privkit  # noqa: E402
+from fl_examples.core.data import parse_dataset_spec  # noqa: E402
+from fl_examples.core.distributed import distributed_plan, rotation_seed  # noqa: E402
+from fl_examples.core.models import num_parameters  # noqa: E402
+from fl_examples.core.seeds import SeedTree  # noqa: E402
+from fl_examples.upcycled import UpcycledConfig, run_algorithm  # noqa: E402
+from fl_examples.upcycled.config import _model  # noqa: E402
+from privkit.errors import InvalidParameterError  # noqa: E402
+from privkit.mechanisms.aggregate import unamplified_event  # noqa: E402
+
+DELTA = 1e-5
+SECTIONS = ["server", "every-round", "bits", "cost", "flower"]
+FIELDS = ["section", "dataset", "algorithm", "mode", "bits", "target_epsilon",
+          "epsilon_server", "epsilon_headline", "heldout_accuracy", "accuracy_se", "seeds",
+          "per_seed", "gap_to_central", "gap_se", "seconds", "note"]
+#: (spec, data rounds, q, clip, local epochs, batch, lr): the client-level bench settings.
+SETUPS = [("synthetic:iid@2000/500", 100, 0.05, 3.0, 5, 32, 0.05),
+          ("digits:iid@200", 60, 0.1, 1.0, 5, 16, 0.1)]
+
+
+def _row(**kw: Any) -> dict[str, Any]:
+    out = {k: "" for k in FIELDS}
+    out.update(kw)
+    return out
+
+
+def _base(spec: str, q: float, clip: float, epochs: int, batch: int, lr: float
+          ) -> dict[str, Any]:
+    return dict(dataset=spec, mu=0.01, lam=0.04, local_epochs=epochs, batch_size=batch, lr=lr,
+                momentum=0.5, stragglers=0.0, fraction=q, device="cpu", eval_every=10**6,
+                privacy="client", client_rate=q, l2_clip_norm=clip, delta=DELTA)
+
+
+def central_z(target: float, rounds: int) -> float:
+    """z whose T unamplified Gaussian releases have epsilon ``target`` (against the server)."""
+    z, _, _ = privkit.calibrate_noise(lambda x: unamplified_event(x, rounds),
+                                      target_epsilon=target, delta=DELTA, tol=1e-5)
+    while privkit.epsilon(unamplified_event(z, rounds), DELTA).epsilon > target:
+        z *= 1 + 1e-5
+    return float(z)
+
+
+def distributed_z(target: float, rounds: int, *, n: int, q: float, clip: float, dim: int,
+                  bits: int) -> float:
+    """The distributed plan's noise multiplier whose T unamplified releases have epsilon
+    ``target`` (bisection on log z: the plan the trainer builds from it, priced exactly)."""
+    def eps(z: float) -> float:
+        plan, _ = distributed_plan(num_clients=n, client_rate=q, l2_clip_norm=clip, dim=dim,
+                                   bits=bits, rounds=rounds, delta=DELTA, noise_multiplier=z)
+        return privkit.epsilon(plan.mechanism().unamplified_event(rounds), DELTA,
+                               neighboring_relation="zero-out").epsilon
+
+    lo, hi = 0.1, 1.0
+    while eps(hi) > target:
+        lo, hi = hi, hi * 2
+    while eps(lo) <= target:
+        lo /= 2
+    while hi / lo > 1 + 1e-4:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if eps(mid) <= target else (mid, hi)
+    return hi
+
+
+def _run(alg: str, cfg: UpcycledConfig, ds: Any, rounds: int, seeds: int
+         ) -> tuple[list[float], dict[str, Any], float]:
+    """Held-out accuracy per seed, the last run's privacy section and the seconds."""
+    it = 2 * rounds - 1 if alg == "upcycled" else rounds
+    accs, p = [], {}
+    t0 = time.perf_counter()
+    for seed in range(seeds):
+        c = UpcycledConfig(**(cfg.__dict__ | {"seed": seed, "iterations": it}))
+        r = run_algorithm(alg, c, ds, iterations=it)
+        accs.append(float(r["history"][-1]["heldout_accuracy"]))
+        p = r["privacy"]
+    return accs, p, time.perf_counter() - t0
+
+
+def _se(xs: list[float]) -> float:
+    return float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else float("nan")
+
+
+def _pairs(a: list[float], b: list[float]) -> tuple[float, float]:
+    d = [x - y for x, y in zip(a, b)]
+    return float(np.mean(d)), _se(d)
+
+
+def _show(r: dict[str, Any]) -> None:
+    eps = "" if r["epsilon_server"] == "" else f"eps vs server {r['epsilon_server']:.3f}"
+    gap = "" if r["gap_to_central"] == "" else (
+        f"  gap {100 * r['gap_to_central']:+.1f}"
+        + (f"+-{100 * r['gap_se']:.1f}" if math.isfinite(r["gap_se"]) else "") + " pts")
+    acc = "" if r["heldout_accuracy"] == "" else f"acc {r['heldout_accuracy']:.4f}"
+    secs = "" if r["seconds"] == "" else f"  {r['seconds']:.0f} s"
+    note = f"  [{r['note']}]" if r["note"] else ""
+    print(f"  {r['section']:<11} {r['dataset']:<22} {r['algorithm']:<9} {r['mode']:<16} "
+          f"{eps:<22} {acc}{gap}{secs}{note}", flush=True)
+
+
+# ----------------------------------------------------------------------------- sections
+def server_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
+                   bits_list: tuple[int, ...] = (16, 20)) -> list[dict[str, Any]]:
+    """Both modes priced against the server (module docstring)."""
+    rows = []
+    for spec, rounds, q, clip, epochs, batch, lr in SETUPS[:1]:
+        rounds = 30 if quick else rounds
+        ds = parse_dataset_spec(spec, seed=0)
+        base = _base(spec, q, clip, epochs, batch, lr)
+        dim = num_parameters(_model(UpcycledConfig(**base), ds))
+        for alg in ("fedavg", "upcycled"):
+            for e in epsilons:
+                z = central_z(e, rounds)
+                cfg = UpcycledConfig(**base, noise_multiplier=z, adaptive_clip=0.0)
+                ref, p, secs = _run(alg, cfg, ds, rounds, seeds)
+                rows.append(_row(section="server", dataset=spec, algorithm=alg,
+                                 mode="central", target_epsilon=e,
+                                 epsilon_server=p["epsilon_unamplified"]["epsilon_every_round"],
+                                 epsilon_headline=p["epsilon_max"],
+                                 heldout_accuracy=float(np.mean(ref)), accuracy_se=_se(ref),
+                                 seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in ref),
+                                 seconds=secs, note=f"z {z:.3g}, {rounds} rounds, q {q:g}"))
+                _show(rows[-1])
+                for bits in bits_list:
+                    zd = distributed_z(e, rounds, n=ds.num_clients, q=q, clip=clip, dim=dim,
+                                       bits=bits)
+                    cfg = UpcycledConfig(**base, aggregation="distributed", bits=bits,
+                                         noise_multiplier=zd)
+                    accs, p, secs = _run(alg, cfg, ds, rounds, seeds)
+                    gap, gap_se = _pairs(accs, ref)
+                    rows.append(_row(
+                        section="server", dataset=spec, algorithm=alg,
+                        mode=f"distributed {bits}b", bits=bits, target_epsilon=e,
+                        epsilon_server=p["epsilon_unamplified"]["epsilon_every_round"],
+                        epsilon_headline=p["epsilon_max"],
+                        heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
+                        seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
+                        gap_to_central=gap, gap_se=gap_se, seconds=secs,
+                        note=f"z {zd:.3g} at n_min {p['min_survivors']}, "
+                             f"{p['skipped_rounds']} skipped"))
+                    _show(rows[-1])
+    return rows
+
+
+def every_round_section(quick: bool, epsilons: tuple[float, ...], seeds: int
+                        ) -> list[dict[str, Any]]:
+    """Every client in every round, the trainers' own calibration (module docstring)."""
+    spec, rounds, _, clip, epochs, batch, lr = SETUPS[1]
+    rounds = 20 if quick else rounds
+    ds = parse_dataset_spec(spec, seed=0)
+    base = _base(spec, 1.0, clip, epochs, batch, lr)
+    rows = []
+    for alg, e in ((a, e) for a in ("fedavg", "upcycled") for e in epsilons):
+        ref, p, secs = _run(alg, UpcycledConfig(**base, noise_for_epsilon=e,
+                                                adaptive_clip=0.0), ds, rounds, seeds)
+        rows.append(_row(section="every-round", dataset=spec, algorithm=alg,
+                         mode="central", target_epsilon=e, epsilon_server=p["epsilon_max"],
+                         epsilon_headline=p["epsilon_max"],
+                         heldout_accuracy=float(np.mean(ref)), accuracy_se=_se(ref),
+                         seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in ref),
+                         seconds=secs, note=f"z {p['noise_multiplier']:.3g}, q 1"))
+        _show(rows[-1])
+        for bits in (16, 20):
+            cfg = UpcycledConfig(**base, noise_for_epsilon=e, aggregation="distributed",
+                                 bits=bits)
+            accs, p, secs = _run(alg, cfg, ds, rounds, seeds)
+            gap, gap_se = _pairs(accs, ref)
+            rows.append(_row(section="every-round", dataset=spec, algorithm=alg,
+                             mode=f"distributed {bits}b", bits=bits, target_epsilon=e,
+                             epsilon_server=p["epsilon_max"], epsilon_headline=p["epsilon_max"],
+                             heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
+                             seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
+                             gap_to_central=gap, gap_se=gap_se, seconds=secs,
+                             note=f"z {p['noise_multiplier']:.3g} (MSE "
+                                  f"{p['calibrated']['mse_ratio_to_central']:.3f}x central)"
+                             if "calibrated" in p else ""))
+            _show(rows[-1])
+    return rows
+
+
+def bits_section(quick: bool, seeds: int, epsilon: float = 4.0) -> list[dict[str, Any]]:
+    """Accuracy against bits at epsilon 4, FedAvg: synthetic under the server threat model
+    (q = 0.05), digits with every client in every round (q = 1). ``mse`` is the decoded mean's
+    error (noise and rounding) at the expected cohort over central DP's at the same epsilon."""
+    rows = []
+    for (spec, rounds, q, clip, epochs, batch, lr), every in ((SETUPS[0], False),
+                                                              (SETUPS[1], True)):
+        rounds = (20 if every else 30) if quick else rounds
+        q = 1.0 if every else q
+        ds = parse_dataset_spec(spec, seed=0)
+        base = _base(spec, q, clip, epochs, batch, lr)
+        dim = num_parameters(_model(UpcycledConfig(**base), ds))
+        zc = central_z(epsilon, rounds)  # q = 1: the same as the trainer's calibration
+        m = q * ds.num_clients
+        for bits in ((10, 16) if quick else (8, 10, 12, 14, 16, 20)):
+            try:
+                zd = distributed_z(epsilon, rounds, n=ds.num_clients, q=q, clip=clip,
+                                   dim=dim, bits=bits)
+            except InvalidParameterError as exc:
+                rows.append(_row(section="bits", dataset=spec, algorithm="fedavg",
+                                 mode=f"distributed {bits}b", bits=bits,
+                                 target_epsilon=epsilon,
+                                 note=f"refused: {str(exc).split(': ', 1)[-1]}"[:110]))
+                _show(rows[-1])
+                continue
+            cfg = UpcycledConfig(**base, aggregation="distributed", bits=bits,
+                                 noise_multiplier=zd)
+            accs, p, secs = _run("fedavg", cfg, ds, rounds, seeds)
+            g2 = p["granularity"] ** 2
+            mse = g2 * (m * p["noise_per_client"] + m / 4) / (zc * clip) ** 2
+            rows.append(_row(section="bits", dataset=spec, algorithm="fedavg",
+                             mode=f"distributed {bits}b", bits=bits, target_epsilon=epsilon,
+                             epsilon_server=p["epsilon_unamplified"]["epsilon_every_round"],
+                             epsilon_headline=p["epsilon_max"],
+                             heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
+                             seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
+                             seconds=secs,
+                             note=f"q {q:g}, gamma {p['granularity']:.3g}, MSE {mse:.3f}x "
+                                  f"central at {m:g} clients, {p['wrapped_rounds']} wrapped"))
+            _show(rows[-1])
+    return rows
+
+
+def cost_section(quick: bool) -> list[dict[str, Any]]:
+    """Client-side encode time against one client's local training, per round."""
+    from fl_examples.core.data import Split
+    from fl_examples.core.local import local_sgd
+    from fl_examples.core.rounds import broadcast, select, to_client_data
+
+    rows = []
+    for spec, rounds, q, clip, epochs, batch, lr in SETUPS:
+        ds = parse_dataset_spec(spec, seed=0)
+        base = _base(spec, q, clip, epochs, batch, lr)
+        model = _model(UpcycledConfig(**base), ds)
+        dim = num_parameters(model)
+        init = model.init(1, generator=torch.Generator().manual_seed(0), device="cpu")
+        w = {k: v[0] for k, v in init.items()}
+        data = to_client_data(ds.padded(Split.TRAIN), torch.device("cpu"), torch.float32)
+        clients = list(range(10 if quick else 40))
+        train_s, enc_s = [], {}
+        for c in clients:
+            one = select(data, torch.tensor([c]))
+            t0 = time.perf_counter()
+            local = local_sgd(model, broadcast(w, 1), w, one, epochs=epochs, batch_size=batch,
+                              lr=lr, momentum=0.5, generator=torch.Generator().manual_seed(c))
+            train_s.append(time.perf_counter() - t0)
+            u = np.concatenate([(local[k][0] - w[k]).double().numpy().reshape(-1) for k in w])
+            for bits in (16, 20):
+                plan, _ = distributed_plan(num_clients=ds.num_clients, client_rate=q,
+                                           l2_clip_norm=clip, dim=dim, bits=bits, rounds=rounds,
+                                           delta=DELTA, noise_multiplier=10.0)
+                mech = plan.mechanism()
+                tree = SeedTree(0)
+                t0 = time.perf_counter()
+                mech.encode(u, rng=tree.numpy(1, f"distributed-noise/{c}"),
+                            rotation_seed=rotation_seed(tree, 1))
+                enc_s.setdefault(bits, []).append(time.perf_counter() - t0)
+        tr = statistics.median(train_s)
+        for bits, xs in enc_s.items():
+            en = statistics.median(xs)
+            rows.append(_row(section="cost", dataset=spec, algorithm="client",
+                             mode=f"encode {bits}b", bits=bits, seconds=en,
+                             note=f"encode {1e3 * en:.2f} ms vs local training {1e3 * tr:.1f} ms "
+                                  f"({epochs} epochs, batch {batch}): {100 * en / tr:.1f}%; "
+                                  f"{dim} parameters, {plan.padded_dim} rotated; load "
+                                  f"{os.getloadavg()[0]:.1f}"))
+            print(f"  cost        {spec:<22} {rows[-1]['note']}", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- Flower
+def flower_section(quick: bool, supernodes: int, rounds: int, epsilon: float, seeds: int
+                   ) -> list[dict[str, Any]]:
+    """SecAgg+ in Flower's simulation engine against the trainer (module docstring)."""
+    import logging
+
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server import LegacyContext, ServerApp, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import DefaultWorkflow
+    from flwr.simulation import run_simulation
+
+    from fl_examples.core.data import Split
+    from fl_examples.core.rounds import evaluate, select, to_client_data
+    from fl_examples.flower.client import local_update
+    from privkit.flower import DistributedDP, DistributedDpMod, secaggplus_workflow
+    from privkit.flower import records as keys
+    from privkit.mechanisms import DistributedSkellam
+
+    spec = f"digits:iid@{supernodes}"
+    clip, epochs, batch, lr, bits = 1.0, 5, 16, 0.1, 16
+    ds = parse_dataset_spec(spec, seed=0)
+    base = _base(spec, 1.0, clip, epochs, batch, lr)
+    rows = []
+    ref, p, secs = _run("fedavg", UpcycledConfig(**base, noise_for_epsilon=epsilon,
+                                                 adaptive_clip=0.0), ds, rounds, seeds)
+    rows.append(_row(section="flower", dataset=spec, algorithm="fedavg",
+                     mode="central (trainer)", target_epsilon=epsilon,
+                     epsilon_server=p["epsilon_max"], epsilon_headline=p["epsilon_max"],
+                     heldout_accuracy=float(np.mean(ref)), accuracy_se=_se(ref), seeds=seeds,
+                     per_seed=" ".join(f"{a:.4f}" for a in ref), seconds=secs,
+                     note=f"{rounds} rounds, every client every round"))
+    _show(rows[-1])
+    cfg = UpcycledConfig(**base, noise_for_epsilon=epsilon, aggregation="distributed",
+                         bits=bits)
+    sim, p, secs = _run("fedavg", cfg, ds, rounds, seeds)
+    rows.append(_row(section="flower", dataset=spec, algorithm="fedavg",
+                     mode=f"distributed {bits}b (trainer)", bits=bits,
+                     target_epsilon=epsilon, epsilon_server=p["epsilon_max"],
+                     epsilon_headline=p["epsilon_max"], heldout_accuracy=float(np.mean(sim)),
+                     accuracy_se=_se(sim), seeds=seeds,
+                     per_seed=" ".join(f"{a:.4f}" for a in sim), seconds=secs,
+                     gap_to_central=_pairs(sim, ref)[0], gap_se=_pairs(sim, ref)[1]))
+    _show(rows[-1])
+    # the same mechanism the trainer calibrated, on Flower's SecAgg+
+    plan_kw = p["calibrated"]
+    model = _model(UpcycledConfig(**base), ds)
+    dim = num_parameters(model)
+    mech = DistributedSkellam(l2_clip_norm=clip, granularity=plan_kw["granularity"],
+                              noise_per_client=plan_kw["noise_per_client"], bits=bits, dim=dim,
+                              min_survivors=supernodes)
+    heldout = to_client_data(ds.heldout_padded(), torch.device("cpu"), torch.float32)
+    train = to_client_data(ds.padded(Split.TRAIN), torch.device("cpu"), torch.float32)
+    names = list(model.parameter_shapes())
+    shapes = model.parameter_shapes()
+
+    def unflat(arrays: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: torch.as_tensor(a, dtype=torch.float32).reshape(shapes[k])
+                for k, a in zip(names, arrays)}
+
+    class Client(NumPyClient):
+        def __init__(self, cid: int) -> None:
+            self.cid = cid
+
+        def fit(self, parameters: Any, config: Any) -> Any:
+            w = unflat(parameters)
+            one = select(train, torch.tensor([self.cid]))
+            new = local_update(model, w, one, dict(config), client=self.cid)
+            return [new[k].numpy() for k in names], int(one.sizes[0]), {}
+
+    def client_fn(context: Any) -> Any:
+        return Client(int(context.node_config["partition-id"])).to_client()
+
+    client = ClientApp(client_fn=client_fn, mods=[secaggplus_mod, DistributedDpMod()])
+    accs, flower_secs = [], []
+    for seed in range(seeds):
+        out: dict[str, Any] = {}
+        init = model.init(1, generator=SeedTree(seed).torch(0, "init", "cpu"), device="cpu")
+        w0 = [init[k][0].numpy() for k in names]
+        server = ServerApp()
+
+        def fit_config(r: int, seed: int = seed) -> dict[str, Any]:
+            return {keys.SEED: seed, keys.DATA_ROUND: r, keys.LOCAL_EPOCHS: epochs,
+                    keys.LR: lr, keys.BATCH_SIZE: batch, keys.MOMENTUM: 0.0,
+                    keys.BATCH_ORDER: "per-client"}
+
+        def record(r: int, params: Any, config: Any, seed: int = seed) -> Any:
+            _, acc = evaluate(model, unflat(params), heldout)
+            out.setdefault("acc", {})[r] = acc
+            return None
+
+        @server.main()
+        def main(grid: Any, context: Any, seed: int = seed) -> None:
+            inner = FedAvg(fraction_fit=1.0, fraction_evaluate=0.0,
+                           min_available_clients=supernodes,
+                           initial_parameters=ndarrays_to_parameters(w0),
+                           on_fit_config_fn=fit_config, evaluate_fn=record)
+            dp = DistributedDP(inner, num_clients=supernodes, client_rate=1.0, mechanism=mech,
+                               seed=None, node_timeout=120)
+            ctx = LegacyContext(context=context, config=ServerConfig(num_rounds=rounds),
+                                strategy=dp)
+            DefaultWorkflow(fit_workflow=secaggplus_workflow(bits))(grid, ctx)
+            out["dp"] = dp
+
+        t0 = time.perf_counter()
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+        run_simulation(server, client, num_supernodes=supernodes,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        flower_secs.append(time.perf_counter() - t0)
+        dp = out["dp"]
+        rep = dp.report()
+        accs.append(float(out["acc"][rounds]))
+        print(f"    flower seed {seed}: acc {accs[-1]:.4f}, released {rep['released_rounds']}"
+              f"/{rounds}, epsilon {rep['epsilon']:.3f}, {flower_secs[-1]:.0f} s", flush=True)
+    gap, gap_se = _pairs(accs, ref)
+    rows.append(_row(section="flower", dataset=spec, algorithm="fedavg",
+                     mode=f"SecAgg+ {bits}b (Flower)", bits=bits, target_epsilon=epsilon,
+                     epsilon_server=rep["epsilon"], epsilon_headline=rep["epsilon"],
+                     heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
+                     seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
+                     gap_to_central=gap, gap_se=gap_se, seconds=sum(flower_secs),
+                     note=f"{supernodes} SuperNodes, run_simulation (Ray), noise from "
+                          "SecureRandom on each node"))
+    _show(rows[-1])
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/distributed")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--quick", action="store_true",
+                    help="one seed, epsilon 4, 30 (20) data rounds, a few bits, 6 SuperNodes")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 2; 1 "
+                                                            "with --quick)")
+    ap.add_argument("--supernodes", type=int, default=None,
+                    help="Flower SuperNodes (default 20; 6 with --quick)")
+    ap.add_argument("--flower-rounds", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    seeds = args.seeds or (1 if args.quick else 2)
+    epsilons = (4.0,) if args.quick else (2.0, 4.0, 8.0)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    for s in sections:
+        if s not in SECTIONS:
+            raise SystemExit(f"--sections: unknown {s!r} (one of {', '.join(SECTIONS)})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    if "server" in sections:
+        print("server: both modes priced against the server (every round, no amplification)")
+        rows += server_section(args.quick, epsilons, seeds)
+    if "every-round" in sections:
+        print("every-round: every client in every round (q = 1)")
+        rows += every_round_section(args.quick, epsilons, seeds)
+    if "bits" in sections:
+        print("bits: accuracy against the modulus at epsilon 4 (server threat model)")
+        rows += bits_section(args.quick, seeds)
+    if "cost" in sections:
+        print("cost: client-side encode against local training, per round")
+        rows += cost_section(args.quick)
+    if "flower" in sections:
+        n = args.supernodes or (6 if args.quick else 20)
+        print(f"flower: SecAgg+ with {n} SuperNodes against the trainer's central mode")
+        rows += flower_section(args.quick, n, 8 if args.quick else args.flower_rounds, 8.0,
+                               seeds)
+    with open(out / "distributed.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {out / 'distributed.csv'} ({len(rows)} rows) in "
+          f"{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

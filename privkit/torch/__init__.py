@@ -3,8 +3,10 @@
 ``import privkit`` does not import this package (or torch); ``import privkit.torch`` does.
 
 - **Per-example gradients** (:mod:`privkit.torch.grads`): ghost clipping for ``Linear``,
-  ``Conv1d/2d/3d``, ``Embedding``, ``LayerNorm``, ``GroupNorm`` and ``RMSNorm``, with
-  ``torch.func`` for any other layer, or ``torch.func`` for the whole model
+  ``Conv1d/2d/3d``, ``Embedding``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm`` and
+  ``nn.MultiheadAttention`` (hence the Transformer layers), the ghost norm or the materialised
+  per-example gradient per layer, whichever is cheaper, with ``torch.func`` for any other
+  layer, or ``torch.func`` for the whole model
   (:class:`GradMethod`; recurrent layers get it under ``GHOST`` too); layers that mix the
   examples of a batch (BatchNorm in training mode, ...) are refused by name
   (:func:`check_module`), and so is, under ``GHOST``, a parameter used outside its own

@@ -8,19 +8,25 @@ default is cross-entropy). Layers that mix the examples of a batch are refused b
 
 - ``GHOST`` (default): one forward and one backward pass to the layers' outputs only. The
   layers with a rule in :mod:`privkit.torch._layers` (``Linear``, ``Conv1d/2d/3d``,
-  ``Embedding``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm``) get their per-example gradient
-  norms and the clipped sum from their inputs and output gradients without materialising
-  per-example gradients where that is cheaper (ghost clipping); any other module that holds
-  parameters gets its per-example gradients from ``torch.func`` (``vmap`` of ``vjp`` over
-  the examples, for that module alone). Hooks live only for the duration of one call.
+  ``Embedding``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm``) and ``nn.MultiheadAttention``
+  (:mod:`privkit.torch._attention`; so the Transformer layers) get their per-example
+  gradient norms and the clipped sum from their inputs and output gradients, by the ghost
+  norm or by materialised per-example gradients, whichever is cheaper per layer (ghost
+  clipping); any other module that holds parameters gets its per-example gradients from
+  ``torch.func`` (``vmap`` of ``vjp`` over the examples, for that module alone). Hooks live
+  only for the duration of one call. A layer's output must hold the batch on dimension 0;
+  the position-wise layers (``Linear``, ``LayerNorm``, ``RMSNorm``, ``Embedding``) may hold
+  it on another (``nn.TransformerEncoderLayer(batch_first=False)`` applies them to
+  ``(T, B, E)``), found by a forward at another batch size.
 - ``FUNC``: ``vmap(grad(loss))`` of the whole model over the examples (``functional_call``),
   materialising every per-example gradient: the simplest path, for any module ``torch.func``
   can transform, and the reference the ghost path is tested against.
 
 ``GHOST`` assumes that each parameter is used only inside the forward of the module that
-holds it. A parameter registered under two modules, or consumed by any operation outside its
-module's calls (a tied output layer's ``F.linear(h, emb.weight)``; ``nn.MultiheadAttention``'s
-use of ``out_proj.weight``), is refused by name: use ``FUNC`` there. The check walks the
+holds it (an attention module's, including its ``out_proj``, inside the attention module's).
+A parameter registered under two modules, or consumed by any operation outside its module's
+calls (a tied output layer's ``F.linear(h, emb.weight)``), is refused by name: use ``FUNC``
+there. The check walks the
 autograd graph of every batch (:func:`privkit.torch._ghost.check_uses`), so it cannot miss a
 use the gradient sees. A model with a recurrent layer (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``,
 which return their state batch second) gets ``FUNC`` for the whole model under ``GHOST``, said
@@ -224,9 +230,9 @@ def nonfinite_rows(norms: Tensor, weights: Tensor | None, nonfinite: NonFiniteUp
     gradient norm is NaN or inf, or None when every row is finite (one device sync). Under
     ``RAISE``, the first such row with a non-zero weight raises, named by ``where(index)``
     (a padding row, of weight 0, is never an error)."""
-    bad = ~torch.isfinite(norms)
-    if not bool(bad.any()):
+    if bool(torch.isfinite(norms).all()):
         return None
+    bad = ~torch.isfinite(norms)
     if nonfinite is NonFiniteUpdates.RAISE:
         live = bad if weights is None else bad & (weights != 0)
         if bool(live.any()):

@@ -263,7 +263,9 @@ class DpSgd:
         :meth:`epoch`), add noise, divide by ``q n``, ``optimizer.step()``.
 
         An example whose gradient holds NaN or inf contributes zeros (``nonfinite=ZERO``) or
-        raises (``RAISE``) before the step is charged or anything is drawn or changed.
+        raises (``RAISE``) before the step is charged or anything is drawn or changed (but
+        the parameters' ``.grad`` from the previous step, already applied, is released first,
+        as ``optimizer.zero_grad()`` does).
 
         Args:
             inputs: the module's input for the batch (a tensor or a tuple of them).
@@ -276,6 +278,8 @@ class DpSgd:
                 ``q n`` (canaries are extra records the accounting per record does not
                 change, but a report must say they were there). They must be finite.
         """
+        for p in self._params.values():  # the last step's gradients, used: released now
+            p.grad = None
         s = clipped_grad_sum(self.module, inputs, targets, l2_clip_norm=self.l2_clip_norm,
                              loss_fn=self.loss_fn, method=self.method,
                              nonfinite=self.nonfinite)
@@ -285,10 +289,11 @@ class DpSgd:
             self._charge(1)
         self._prepaid -= 1
         stddev = self.noise_multiplier * self.l2_clip_norm
-        noise = gaussian_noise(s.grads, stddev, rng=self.generator)
         expected = self.sampling_probability * self.dataset_size
-        for name, p in self._params.items():
-            p.grad = s.grads[name].add_(noise[name]).div_(expected)
+        for name, p in self._params.items():  # one parameter's noise alive at a time
+            g = s.grads[name]
+            p.grad = g.add_(gaussian_noise({name: g}, stddev, rng=self.generator)[name]
+                            ).div_(expected)
         self.optimizer.step()
         self.steps += 1
 

@@ -350,7 +350,7 @@ def _poison(inputs, row, value):
 @pytest.mark.parametrize("name", sorted(NONFINITE))
 def test_a_non_finite_example_contributes_zeros_and_the_others_are_unchanged(
         name, method, materialise, monkeypatch):
-    monkeypatch.setattr(_layers, "MATERIALISE_ELEMENTS", 10**9 if materialise else 0)
+    monkeypatch.setattr(_layers, "ROUTE", "materialise" if materialise else "ghost")
     torch.manual_seed(0)
     make, inputs = NONFINITE[name]
     net = make().double()

@@ -11,6 +11,7 @@ calibrators are imported on first use. Run ``python bench/imports.py [--runs N]`
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -55,7 +56,8 @@ def main() -> None:
             times[name].append(wall(cmd))
     med = {k: statistics.median(v) for k, v in times.items()}
     base, numpy = med["python -c pass"], med["import numpy"]
-    print(f"start-up, median of {a.runs} fresh interpreters (wall time)")
+    print(f"start-up, median of {a.runs} fresh interpreters (wall time); load average "
+          f"{os.getloadavg()[0]:.2f}")
     for name, t in med.items():
         target = {"import privkit": 0.4, "privkit --help": 0.6}.get(name)
         verdict = "" if target is None else ("  OK" if t <= target else "  MISSED") + \

@@ -1,142 +1,291 @@
-"""Per-round cost of privacy: a private client-level round against a non-private one, and the
-ledger's charge per round at round 10 and at round 10,000, with and without a budget.
+"""Per-round cost of privacy in the trainer: a private client-level round against a non-private
+one at the same expected cohort, how a private round scales with the population, and the
+ledger's charge per round.
 
-1. The trainer (``privkit train upcycled``, logistic regression on synthetic:iid@200/100,
-   FedAvg, one local epoch, no stragglers), 100 rounds: client-level DP-FedAvg (Poisson client
-   sampling at q = 0.1, clip 1, noise multiplier 1, its ledger charged before every release)
-   against the same run without privacy at the same expected number of clients per round
-   (``--fraction 0.1``); the non-private run with the default ``--fraction 0.3`` is shown too.
-   The time per round is the trainer's own wall time of its rounds (``wall_time_s`` of
-   report.json: evaluation, start-up and plots excluded); each run is made twice, alternating,
-   and the faster kept. Target: private <= 1.2x non-private.
-2. The bookkeeping alone for 10,000 rounds: a file-backed ledger (as the trainer's, fsynced
-   every round) charged as the trainer charges it (``would_exceed`` then ``spend`` of the
-   population's round event, ``PoissonSampledDpEvent(0.1, GaussianDpEvent(1))``), without a
-   budget, with a budget far from reached (the epsilon of 20,000 rounds), and with a budget
-   reached exactly at round 10,000 (the run's last stretch is priced tightly), and an
-   in-memory ledger without a budget (the accounting without the fsyncs). Per-round time at
-   round 10 (median of rounds 6-15) and at round 10,000 (median of the last 10 rounds: a
-   single slow fsync does not decide it), the mean over the run, and how many compositions
-   were priced tightly; for scale, what pricing the whole history costs once at rounds 10
-   and 10,000 (what every charge used to cost).
-   Target: round 10,000 <= 1.5x round 10 with and without a budget.
+1. Private against non-private rounds of ``privkit train upcycled`` (logistic regression,
+   FedAvg, one local epoch, no stragglers), at cohorts of 20 (``synthetic:iid@200/100``, q =
+   0.1) and 10^4 (``synthetic:iid@100000/10``, q = 0.1). Non-private: ``--fraction 0.1`` (the
+   same clients per round as the private run's expected Poisson cohort). Private:
+   ``--privacy client --clip 1 --noise-multiplier 1 --client-rate 0.1`` with the client-level
+   defaults (adaptive clipping at the median, server momentum 0.5), and with ``--adaptive-clip
+   0 --server-momentum 0`` (a fixed clip, no momentum: the non-private run's server), each
+   with its file-backed ledger. The rounds run as :func:`fl_examples.core.run.drive` runs them
+   (charges deferred, the ledger synced at publication points; here every ``--sync-every``
+   rounds, as a checkpoint or a shown evaluation would) without the evaluations; a block of
+   rounds includes its sync. ``durable every round`` syncs after every round (what a progress
+   bar showing every evaluation costs, and the cost before deferred durability). Contenders
+   are timed in turns, a block each, the order rotated (bench/_timing.py), ``--reps`` blocks
+   each; the median per round and the load average are printed. Target: private <= 1.2x
+   non-private.
+2. Where a private round's time goes (``--breakdown``): the trainer's own pieces timed inside
+   the same rounds (selection, batch orders, local SGD, the ledger charge, the release).
+3. Population scaling: private rounds (defaults, deferred) at an expected cohort of 100 for N =
+   10^3 ... 10^6 (``synthetic:iid@N/10``, q = 100 / N), beside non-private rounds of 100
+   clients. Target: N = 10^6 within 1.5x of N = 10^3.
+4. The ledger alone for 10,000 rounds, charged as the trainer charges it (``would_exceed``
+   then ``spend`` of ``PoissonSampledDpEvent(0.1, GaussianDpEvent(1))``), durable each round
+   and deferred (synced every 25 rounds), without a budget and with one reached at the end:
+   per-round time at round 10 and at round 10,000 (medians of 10 rounds). Target: round
+   10,000 <= 1.5x round 10.
 
-Run ``python bench/private_round.py`` (``--rounds`` and ``--trainer-rounds`` to change the
-sizes, ``--skip-trainer`` for part 2 only).
+``--busy`` adds a busy-looping process for the whole run (one core of load). Run ``python
+bench/private_round.py`` (``--quick`` for fewer repetitions and N up to 10^5; ``--skip``
+to leave parts out).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import collections
+import contextlib
+import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
-import privkit
-from privkit.ledger import Ledger
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _timing import busy, interleaved, load, median  # noqa: E402
+
+import privkit  # noqa: E402
+from fl_examples.core.data import parse_dataset_spec  # noqa: E402
+from fl_examples.core.rounds import resolve_device  # noqa: E402
+from fl_examples.upcycled import run as upcycled_run  # noqa: E402
+from fl_examples.upcycled.config import UpcycledConfig  # noqa: E402
+from fl_examples.upcycled.privacy import _privacy_plan  # noqa: E402
+from privkit.ledger import Ledger  # noqa: E402
 
 DELTA = 1e-5
 EVENT = privkit.PoissonSampledDpEvent(0.1, privkit.GaussianDpEvent(1.0))
-COMMON = ["train", "upcycled", "--dataset", "synthetic:iid@200/100", "--algorithms", "fedavg",
-          "--epochs", "1", "--stragglers", "0", "--quiet"]
-PRIVATE = ["--privacy", "client", "--client-rate", "0.1", "--clip", "1", "--noise-multiplier",
-           "1"]
+COHORTS = {20: ("synthetic:iid@200/100", 0.1), 10_000: ("synthetic:iid@100000/10", 0.1)}
 
 
-def trainer_seconds_per_round(extra: list[str], rounds: int, work: Path) -> float:
-    """The trainer's own wall time per round (report.json), for one run."""
-    out = work / f"run-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "privkit", *COMMON, *extra, "--rounds", str(rounds),
-           "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
-    final = json.loads((out / "report.json").read_text())["algorithms"]["fedavg"]["final"]
-    shutil.rmtree(out)
-    return float(final["wall_time_s"]) / int(final["iteration"])
+# ----------------------------------------------------------------------------- runs
+def make_run(spec: str, ds: Any, rate: float, privacy: dict[str, Any] | None, work: Path) -> Any:
+    """A FedAvg run of the upcycled trainer as ``privkit train upcycled`` builds it (one local
+    epoch, no stragglers, cpu), with a file-backed ledger in ``work`` when private."""
+    kw: dict[str, Any] = dict(dataset=spec, iterations=10**9, local_epochs=1, stragglers=0.0,
+                              fraction=rate, eval_every=10**9, checkpoint_every=0, device="cpu")
+    if privacy is not None:
+        kw |= dict(privacy="client", client_rate=rate, l2_clip_norm=1.0,
+                   noise_multiplier=1.0) | privacy
+    cfg = UpcycledConfig(**kw)
+    plan, calibration = _privacy_plan("fedavg", cfg, ds, 10**9)
+    ledger = None
+    if plan is not None:
+        out = Path(tempfile.mkdtemp(dir=work))
+        ledger = upcycled_run._open_ledger("fedavg", cfg, out, False, plan.neighboring_relation)
+    return upcycled_run._Run("fedavg", cfg, ds, resolve_device("cpu"), plan, ledger,
+                             iterations=10**9, calibration=calibration)
 
 
-def part_trainer(rounds: int, work: Path) -> None:
-    print(f"1. trainer: {rounds} rounds of logistic-regression FedAvg (synthetic:iid@200/100), "
-          "seconds per round (the faster of two runs)")
-    cases = {"non-private, --fraction 0.1": ["--fraction", "0.1"],
-             "non-private, --fraction 0.3": [],
-             "private client-level, q = 0.1": PRIVATE}
-    best = dict.fromkeys(cases, np.inf)
-    for _ in range(2):
-        for name, extra in cases.items():
-            best[name] = min(best[name], trainer_seconds_per_round(extra, rounds, work))
-    base = best["non-private, --fraction 0.1"]
-    for name, t in best.items():
-        print(f"  {name:<32} {t * 1e3:7.2f} ms/round  {t / base:5.2f}x non-private (q = 0.1)")
-    ratio = best["private client-level, q = 0.1"] / base
-    print(f"  private / non-private at the same expected clients per round: {ratio:.2f}x "
-          f"(target <= 1.2x) {'OK' if ratio <= 1.2 else 'MISSED'}")
+def block(run: Any, rounds: int, sync_every: int) -> Callable[[], None]:
+    """``rounds`` rounds of ``run`` as drive runs them (charges deferred), synced every
+    ``sync_every`` rounds and at the end of the block."""
+    def go() -> None:
+        ctx = run.ledger.deferred() if run.ledger is not None else contextlib.nullcontext()
+        with ctx:
+            for i in range(rounds):
+                run.step()
+                if run.ledger is not None and (i + 1) % sync_every == 0:
+                    run.ledger.sync()
+    return go
 
 
-def ledger_run(rounds: int, budget: float | None,
-               path: Path | None) -> tuple[np.ndarray, int, float]:
-    """Per-round seconds of a trainer-like charge, the tight prices made, and the seconds of
-    the final ledger.epsilons()."""
+@contextlib.contextmanager
+def timers(names: dict[str, tuple[Any, str]]) -> Iterator[dict[str, float]]:
+    """Seconds spent in each ``(owner, attribute)`` callable while the block runs."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    saved = []
+    for key, (owner, attr) in names.items():
+        real = getattr(owner, attr)
+
+        def wrapped(*a: Any, _real: Any = real, _key: str = key, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _real(*a, **kw)
+            finally:
+                spent[_key] += time.perf_counter() - t0
+
+        saved.append((owner, attr, real))
+        setattr(owner, attr, wrapped)
+    try:
+        yield spent
+    finally:
+        for owner, attr, real in saved:
+            setattr(owner, attr, real)
+
+
+# ---------------------------------------------------------------------------- part 1
+def part_rounds(reps: int, sync_every: int, work: Path, breakdown: bool) -> None:
+    print("1. private vs non-private rounds (logistic regression, FedAvg, 1 local epoch, no "
+          "stragglers, cpu, 1 torch thread), milliseconds per round: median of the blocks")
+    for cohort, (spec, q) in COHORTS.items():
+        ds = parse_dataset_spec(spec, seed=0)
+        per_block = 25 if cohort <= 100 else 3
+        runs = {
+            "non-private (--fraction 0.1)": make_run(spec, ds, q, None, work),
+            "private, defaults (adaptive clip, momentum 0.5)": make_run(spec, ds, q, {}, work),
+            "private, fixed clip, no momentum": make_run(
+                spec, ds, q, {"adaptive_clip": 0.0, "server_momentum": 0.0}, work),
+            "private, defaults, durable every round": make_run(spec, ds, q, {}, work),
+        }
+        syncs = {name: (1 if "durable every round" in name else sync_every) for name in runs}
+        contenders = {name: block(run, per_block, syncs[name]) for name, run in runs.items()}
+        for fn in contenders.values():  # warm up (imports, first allocations)
+            fn()
+        before = load()
+        got = interleaved(contenders, reps)
+        after = load()
+        base = median(got["non-private (--fraction 0.1)"]) / per_block
+        print(f"\n  cohort {cohort:,} ({spec}, q = {q}; {reps} blocks of {per_block} rounds "
+              f"each, in turns; ledger synced every {sync_every} rounds unless said; load "
+              f"average {before:.2f} -> {after:.2f})")
+        for name, times in got.items():
+            t = median(times) / per_block
+            ratio = t / base
+            mark = "" if name.startswith("non-private") else (
+                f"  (target <= 1.2x: {'OK' if ratio <= 1.2 else 'MISSED'})")
+            print(f"    {name:<48} {t * 1e3:9.2f} ms  {ratio:5.2f}x{mark}")
+        if breakdown:
+            part_breakdown(runs, per_block, sync_every)
+        del runs, contenders, ds
+
+
+def part_breakdown(runs: dict[str, Any], per_block: int, sync_every: int) -> None:
+    from fl_examples.core import dp_modes, local, rounds
+
+    pieces = {"selection (sample, epochs)": (upcycled_run._Run, "_selection"),
+              "batch orders": (upcycled_run, "client_orders"),
+              "local SGD": (upcycled_run, "local_sgd"),
+              "ledger charge (deferred)": (upcycled_run._Run, "_charge"),
+              "release (clip, noise, server step)": (dp_modes.ClientDpPlan, "release"),
+              "aggregate (non-private)": (upcycled_run, "aggregate")}
+    del local, rounds
+    print("    where the time goes (ms per round, one block each, inside the rounds above):")
+    for name in ("non-private (--fraction 0.1)",
+                 "private, defaults (adaptive clip, momentum 0.5)"):
+        with timers(pieces) as spent:
+            t0 = time.perf_counter()
+            block(runs[name], per_block, sync_every)()
+            total = time.perf_counter() - t0
+        parts = ", ".join(f"{k} {v / per_block * 1e3:.2f}" for k, v in spent.items() if v)
+        print(f"      {name.split(' (')[0]:<18} total {total / per_block * 1e3:.2f}: {parts}")
+
+
+# ---------------------------------------------------------------------------- part 3
+def part_population(sizes: list[int], reps: int, work: Path) -> None:
+    print("\n3. population scaling at an expected cohort of 100 (synthetic:iid@N/10, q = 100/N; "
+          "non-private: 100 clients a round), milliseconds per round")
+    print(f"  {'N':>9} {'private':>9} {'non-private':>12} {'private vs N = ' + f'{sizes[0]:,}':>20}"
+          f"  load")
+    first = None
+    for n in sizes:
+        spec = f"synthetic:iid@{n}/10"
+        t0 = time.perf_counter()
+        ds = parse_dataset_spec(spec, seed=0)
+        built = time.perf_counter() - t0
+        q = 100 / n
+        runs = {"private": make_run(spec, ds, q, {}, work),
+                "non-private": make_run(spec, ds, q, None, work)}
+        contenders = {k: block(r, 10, 10) for k, r in runs.items()}
+        for fn in contenders.values():
+            fn()
+        got = interleaved(contenders, reps)
+        p, np_ = median(got["private"]) / 10, median(got["non-private"]) / 10
+        first = first or p
+        print(f"  {n:>9,} {p * 1e3:9.2f} {np_ * 1e3:12.2f} {p / first:19.2f}x  {load():.2f}"
+              f"  (data built in {built:.0f} s)")
+        del runs, contenders, ds
+    print("  (target: N = 10^6 within 1.5x of N = 10^3)")
+
+
+# ---------------------------------------------------------------------------- part 4
+def ledger_run(rounds: int, budget: float | None, path: Path | None,
+               sync_every: int | None) -> np.ndarray:
+    """Per-round seconds of a trainer-like charge (``sync_every``: deferred, synced so often;
+    None: durable each round)."""
     led = Ledger.create(path, population_id="bench", delta=DELTA, epsilon_budget=budget,
                         created="2024-01-01T00:00:00+00:00")
     times = np.full(rounds, np.nan)
+    durable = sync_every is None
     for r in range(rounds):
         t0 = time.perf_counter()
         if bool(led.would_exceed(["population"], EVENT)[0]):
             break
         led.spend(["population"], EVENT, label="client-level release", round=r + 1,
-                  run_id="fedavg")
+                  run_id="fedavg", durable=durable)
+        if not durable and (r + 1) % sync_every == 0:
+            led.sync()
         times[r] = time.perf_counter() - t0
-    priced = led._states.priced  # how many compositions the budget check priced
-    t0 = time.perf_counter()
-    led.epsilons()
-    return times, priced, time.perf_counter() - t0
+    led.sync()
+    return times
 
 
 def part_ledger(rounds: int, work: Path) -> None:
     eps_end = privkit.epsilon(privkit.SelfComposedDpEvent(EVENT, rounds), DELTA).epsilon
-    eps_far = privkit.epsilon(privkit.SelfComposedDpEvent(EVENT, 2 * rounds), DELTA).epsilon
-    print(f"\n2. bookkeeping alone: a file-backed ledger charged like the trainer, {rounds} "
-          "rounds, milliseconds per round")
-    for r in (10, rounds):
-        t0 = time.perf_counter()
-        privkit.epsilon(privkit.SelfComposedDpEvent(EVENT, r), DELTA)
-        print(f"  (pricing the whole history once at round {r}: "
-              f"{(time.perf_counter() - t0) * 1e3:.1f} ms; every charge used to do this)")
-    cases: dict[str, tuple[float | None, Path | None]] = {
-        "no budget": (None, work / "ledger-0.jsonl"),
-        f"budget {eps_far:.4g} (far)": (eps_far, work / "ledger-1.jsonl"),
-        f"budget {eps_end:.4g} (reached at the end)": (eps_end, work / "ledger-2.jsonl"),
-        "no budget, in memory": (None, None)}
-    print(f"  {'':<34} {'round 10':>9} {f'round {rounds}':>12} {'ratio':>7} {'mean':>8}  "
-          "tight prices")
-    for name, (budget, path) in cases.items():
-        times, priced, final = ledger_run(rounds, budget, path)
+    print(f"\n4. the ledger alone: {rounds:,} rounds charged like the trainer, milliseconds per "
+          "round (a deferred round's share of its sync included)")
+    print(f"  {'':<44} {'round 10':>9} {f'round {rounds:,}':>13} {'ratio':>6} {'mean':>7}")
+    cases = {"file, durable each round, no budget": (None, "a", None),
+             "file, deferred (sync every 25), no budget": (None, "b", 25),
+             f"file, durable, budget {eps_end:.4g} (reached at the end)": (eps_end, "c", None),
+             f"file, deferred, budget {eps_end:.4g}": (eps_end, "d", 25),
+             "in memory, no budget": (None, None, None)}
+    for name, (budget, tag, sync_every) in cases.items():
+        path = work / f"ledger-{tag}.jsonl" if tag else None
+        times = ledger_run(rounds, budget, path, sync_every)
         done = int(np.count_nonzero(~np.isnan(times)))
-        early, late = np.median(times[5:15]), np.median(times[done - 10:done])
+        if sync_every:  # spread each sync over its rounds: medians of 25-round means
+            k = done // sync_every * sync_every
+            means = times[:k].reshape(-1, sync_every).mean(axis=1)
+            early, late = float(means[0]), float(np.median(means[-2:]))
+        else:
+            early, late = float(np.median(times[5:15])), float(np.median(times[done - 10:done]))
         ok = "OK" if late <= 1.5 * early else "MISSED"
-        print(f"  {name:<34} {early * 1e3:9.3f} {late * 1e3:12.3f} {late / early:6.2f}x "
-              f"{np.nanmean(times) * 1e3:8.3f}  {priced} (of {done} charges); final "
-              f"epsilons() {final * 1e3:.0f} ms  {ok}")
-    print("  (target: round 10,000 <= 1.5x round 10, with and without a budget)")
+        print(f"  {name:<44} {early * 1e3:9.3f} {late * 1e3:13.3f} {late / early:5.2f}x "
+              f"{np.nanmean(times) * 1e3:7.3f}  {ok}")
+    print("  (target: round 10,000 <= 1.5x round 10)")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=10_000, help="ledger rounds (part 2)")
-    p.add_argument("--trainer-rounds", type=int, default=100, help="trainer rounds (part 1)")
-    p.add_argument("--skip-trainer", action="store_true", help="part 2 only")
+    p.add_argument("--reps", type=int, default=9, help="timed blocks per contender (parts 1, 3)")
+    p.add_argument("--sync-every", type=int, default=25,
+                   help="rounds between the ledger's syncs in part 1 (a publication point)")
+    p.add_argument("--rounds", type=int, default=10_000, help="ledger rounds (part 4)")
+    p.add_argument("--max-n", type=float, default=1e6, help="largest population (part 3)")
+    p.add_argument("--quick", action="store_true", help="5 blocks, N up to 10^5, 2,000 "
+                                                        "ledger rounds")
+    p.add_argument("--busy", action="store_true", help="add a busy-looping process meanwhile")
+    p.add_argument("--breakdown", action="store_true", help="part 2 (where the time goes)")
+    p.add_argument("--skip", default="", help="parts to leave out, e.g. 3,4")
     a = p.parse_args()
+    if a.quick:
+        a.reps, a.max_n, a.rounds = 5, min(a.max_n, 1e5), 2_000
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    torch.set_num_threads(1)  # privkit train's default (--threads 1)
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "1700000000")
     work = Path(tempfile.mkdtemp(prefix="privkit-bench-"))
+    sizes = [n for n in (10**3, 10**4, 10**5, 10**6) if n <= a.max_n]
+    print(f"{os.cpu_count()} cores, load average {load():.2f}"
+          f"{'; with a busy-looping process added (--busy)' if a.busy else ''}")
     try:
-        if not a.skip_trainer:
-            part_trainer(a.trainer_rounds, work)
-        part_ledger(a.rounds, work)
+        with busy(1 if a.busy else 0):
+            if "1" not in skip:
+                part_rounds(a.reps, a.sync_every, work, a.breakdown)
+            if "3" not in skip:
+                part_population(sizes, a.reps, work)
+            if "4" not in skip:
+                part_ledger(a.rounds, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -6,8 +6,9 @@ a valid ledger on its own, so the journal alone cannot tell. The head record, ke
 journal as ``<journal>.head``, names the last committed entry: ``seq`` and ``hash`` (seq -1
 and the header's hash for a journal without entries), ``size`` (the journal's length in bytes
 through that entry) and ``header_hash`` (the journal it belongs to). It moves after every
-batch, once the batch is durable in the journal, so a journal is never behind its head record
-except when it lost committed entries.
+write (a batch, or the batches of deferred charges written together: :mod:`privkit._journal`),
+once the write is durable in the journal, so a journal is never behind its head record except
+when it lost committed entries.
 
 **Slots.** The file holds the record twice over, in two slots of :data:`SLOT` bytes, each one
 line padded with spaces::
@@ -41,11 +42,11 @@ key, a head file is accepted only in a state that privkit's writes and crashes l
 * one slot not whole: only when the journal is *ahead* of the other slot's record (a crash
   after the batch's fsync, during the slot's write); a journal that ends at that record means
   the newer record was destroyed, and is refused;
-* the journal at most one batch ahead of the current record (a crash leaves no more; further
-  ahead, an older copy of the head file was put back: refused, ``ahead``), and that batch,
-  like every other, authenticated by its own MAC (:mod:`privkit._journal`): the record
-  authenticates the chain up to ``seq``, the batch's MAC the batch a crash leaves beyond it,
-  so no batch can be substituted for it;
+* the journal at most one write ahead of the current record (a crash leaves no more; further
+  ahead, an older copy of the head file was put back: refused, ``ahead``), and that write's
+  batches, like every other, authenticated by their MACs (:mod:`privkit._journal`, which also
+  authenticate where a write ends): the record authenticates the chain up to ``seq``, the
+  MACs the write a crash leaves beyond it, so no batch can be substituted for it;
 * the one-line layout of earlier privkits (one record, no generation): refused, since a copy
   of an older authentic record looks the same;
 * two slots of an earlier privkit (format 1: the MAC, inside the record, leaves the generation
@@ -467,12 +468,12 @@ def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int
     None if none does) agrees with the head record ``head`` that :func:`select` chose (None:
     there is none and none is needed).
 
-    None means it does: the journal holds every committed entry, and perhaps a batch more
+    None means it does: the journal holds every committed entry, and perhaps a write more
     (a crash between the journal's fsync and the head record's). With ``spoilt`` (one slot
     not whole, a key set) the journal must be ahead of ``head``: that is what a crash
     leaves, and a journal that ends at ``head`` means the newer record was destroyed. With
-    ``batches_ahead`` (a key set: the number of batches the journal holds after ``head.seq``)
-    it may be one batch ahead at most: a crash leaves no more, and a journal further ahead
+    ``batches_ahead`` (a key set: the number of writes the journal holds after ``head.seq``)
+    it may be one write ahead at most: a crash leaves no more, and a journal further ahead
     lies beside an older copy of its head record, from which it may have been cut anywhere.
     """
     where = head_path(journal)
@@ -496,10 +497,11 @@ def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int
                        f"{head.seq} but its head record {where} says {head.size}: the journal "
                        "was rewritten")
     if batches_ahead is not None and batches_ahead > 1:
-        return Problem("ahead", f"{journal}: the journal holds {batches_ahead} batches after "
+        return Problem("ahead", f"{journal}: the journal holds {batches_ahead} writes after "
                        f"the entry its head record {where} names ({head.describe()}); a crash "
-                       "leaves one at most, so an older copy of the head record was put back "
-                       "(and the journal may have been cut after it)")
+                       "leaves one at most (a batch, or deferred charges written together), so "
+                       "an older copy of the head record was put back (and the journal may "
+                       "have been cut after it)")
     if spoilt is not None and journal_seq == head.seq:
         return Problem("spoilt", f"{journal}: {spoilt} of the head record {where} is not whole "
                        f"and the journal ends at the other slot's record ({head.describe()}): a "

@@ -12,13 +12,17 @@ counting a client's entries from 0), both from the header's hash. A ``spend``
 entry charges one client; a ``fork`` entry records continuing from an older
 entry (``from_seq``, ``from_hash``); a ``recover`` entry records an explicit recovery from a
 journal that disagreed with its head record (:mod:`privkit._head`): the head record it
-found (or None), the problem, the reason given and when. One charge is one batch, written with one
-``os.write`` and one ``os.fsync``, whose entries share ``batch_end`` (the seq
-of its last entry). Unparsable trailing lines and an incomplete final batch
-come from a write whose fsync never returned: they are ignored on load and cut
-off before the next append. After every batch the head record beside the journal is
-replaced (:mod:`privkit._head`), so a journal that lost committed entries is told apart from
-one cut by a crash.
+found (or None), the problem, the reason given and when. One charge is one batch, whose entries
+share ``batch_end`` (the seq of its last entry). A *write* is one ``os.write`` and one
+``os.fsync`` of one or more whole batches: a durable charge is a write of its own batch; charges
+deferred (:meth:`privkit.ledger.Ledger.spend` with ``durable=False``) are staged in memory and
+written together, each still its own batch, at the next sync (:meth:`Journal.flush`), so a
+journal's bytes do not depend on how its charges were grouped into writes (without a key).
+Unparsable trailing lines and an incomplete final batch (with a key: an incomplete final write,
+below) come from a write whose fsync never returned: they are ignored on load and cut off before
+the next append. After every write the head record beside the journal is replaced
+(:mod:`privkit._head`), so a journal that lost committed entries is told apart from one cut by a
+crash.
 
 A spend entry's ``eps_after`` caches the client's epsilon after the charge when the ledger
 priced it (``"inf"`` for no noise), else null: a charge is priced only when the budget check
@@ -28,7 +32,12 @@ every ``eps_after``, is still read and appended to in its own format.
 **Batch MACs.** With a ledger key, the last entry of every batch carries ``mac``: HMAC-SHA256
 under the key of :data:`BATCH_MAC_PREFIX` and the entry's canonical JSON without ``hash`` and
 ``mac`` (:func:`batch_mac`); ``hash`` is then computed over the entry with its ``mac``, as
-always. The entry names its seq, its batch and, through ``prev_hash``, the whole chain before
+always. In a write of several batches (deferred charges) every batch but the last is MACed under
+:data:`BATCH_MAC_MORE_PREFIX` instead: the write goes on. The MAC thus also authenticates where
+each write ends, and a keyed journal is read write by write: a final write without its last batch
+(cut short by a crash, or by someone) is ignored like a torn tail, and the head record's rule
+that a crash leaves the journal at most one write ahead of it (:mod:`privkit._head`) counts
+writes. The entry names its seq, its batch and, through ``prev_hash``, the whole chain before
 it, so one MAC per batch authenticates the batch and everything before it: the batch a crash
 can leave beyond the head record (written and synced before the record) is accepted only if it
 verifies, and no one without the key can append, substitute or re-hash a batch. A ledger
@@ -50,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import hmac
 import json
@@ -74,6 +84,9 @@ SCHEMA_KEYED = "privkit.ledger/3"
 SCHEMAS = ("privkit.ledger/1", SCHEMA, SCHEMA_KEYED)
 BATCH_MAC_PREFIX = b"privkit.ledger/3 batch\n"
 """What a batch MAC's input starts with (no other MAC of the ledger key can pass for one)."""
+BATCH_MAC_MORE_PREFIX = b"privkit.ledger/3 batch, its write goes on\n"
+"""What the MAC input of a batch that is not the last of its write starts with (a write of
+deferred charges): a write that lost its last batch is told apart from a whole one."""
 NOISE_READING = "per-contribution"
 """What a noise multiplier means in a journal's events, recorded in every new header
 (``noise_reading``): stddev / C, C the bound on one contribution, under every relation (the
@@ -99,10 +112,12 @@ def hash_hex(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(fields).encode("utf-8")).hexdigest()
 
 
-def batch_mac(key: bytes, body: str) -> str:
+def batch_mac(key: bytes, body: str, more: bool = False) -> str:
     """The MAC of a batch whose last entry, without ``hash`` and ``mac``, has the canonical
-    JSON ``body``: HMAC-SHA256 under ``key`` of :data:`BATCH_MAC_PREFIX` and ``body``."""
-    return hmac.new(key, BATCH_MAC_PREFIX + body.encode("utf-8"), hashlib.sha256).hexdigest()
+    JSON ``body``: HMAC-SHA256 under ``key`` of :data:`BATCH_MAC_PREFIX` and ``body`` (of
+    :data:`BATCH_MAC_MORE_PREFIX` with ``more``: a batch that its write's next batch follows)."""
+    prefix = BATCH_MAC_MORE_PREFIX if more else BATCH_MAC_PREFIX
+    return hmac.new(key, prefix + body.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def _hash_matches(body: Mapping[str, Any], expected: Any) -> bool:
@@ -288,10 +303,21 @@ def spend_fields(label: Any, meta: Any, round_: Any, step: Any, run_id: Any) -> 
     """
     if not (isinstance(label, str) and label):
         raise InvalidParameterError("label", label, "a non-empty string")
-    return {"label": canonical_json(label), "meta": _meta_json(meta),
-            "round": canonical_json(optional("round", round_, int)),
-            "step": canonical_json(optional("step", step, int)),
-            "run_id": canonical_json(optional("run_id", run_id, str))}
+    return {"label": _str_json(label), "meta": "null" if meta is None else _meta_json(meta),
+            "round": _int_json(optional("round", round_, int)),
+            "step": _int_json(optional("step", step, int)),
+            "run_id": _str_json(optional("run_id", run_id, str))}
+
+
+def _int_json(value: int | None) -> str:
+    """Canonical JSON of None or an int (what ``canonical_json`` gives, without the encoder)."""
+    return "null" if value is None else str(int(value))
+
+
+@functools.lru_cache(maxsize=256)
+def _str_json(value: str | None) -> str:
+    """Canonical JSON of None or a str (labels and run ids repeat: cached)."""
+    return canonical_json(value)
 
 
 def _recover_fields_ok(e: Mapping[str, Any]) -> bool:
@@ -320,13 +346,14 @@ def _spend_fields_ok(e: Mapping[str, Any], null_eps: bool) -> bool:
 def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, str]],
                  eps: Sequence[float | None], fixed: Mapping[str, str],
                  events: Sequence[tuple[str, str]] | None = None,
-                 key: bytes | None = None) -> tuple[bytes, list[str]]:
+                 key: bytes | None = None, more: bool = False) -> tuple[bytes, list[str]]:
     """The lines of one spend batch starting at seq ``first`` after hash ``prev``, and hashes.
 
     ``links`` holds each client's (client_seq, client_prev_hash); ``fixed`` the
     canonical JSON of the fields every entry shares (count, event, label, meta,
     round, run_id, step); ``events``, if given, each entry's own (event, count) JSON instead;
-    ``key``, if given, the ledger key that MACs the batch (in its last entry, :func:`batch_mac`).
+    ``key``, if given, the ledger key that MACs the batch (in its last entry, :func:`batch_mac`;
+    ``more``: another batch of the same write follows).
     """
     # Canonical JSON built by hand (keys in sorted order) for speed; Journal.load
     # re-checks every hash and MAC with the generic encoder.
@@ -345,7 +372,7 @@ def _spend_lines(first: int, prev: str, ids: list[str], links: list[tuple[int, s
                 f'"eps_after":{e_json},"event":{event},')
         rest = f'{post}{prev}"{last}{first + k}{step}'
         if key is not None and k == len(ids) - 1:  # "mac" sorts between "label" and "meta"
-            mac = batch_mac(key, head + rest)
+            mac = batch_mac(key, head + rest, more)
             rest = f'{label},"mac":"{mac}"{rest[len(label):]}'
         prev = hashlib.sha256((head + rest).encode("utf-8")).hexdigest()
         lines.append(f'{head}"hash":"{prev}",{rest}\n')
@@ -486,12 +513,27 @@ def _exists(path: str) -> LedgerError:
 
 
 # ----------------------------------------------------------------- journal
+class Staged:
+    """A spend batch staged for the next write (:meth:`Journal.stage_spends`): its clients,
+    epsilons and fields as :meth:`Journal.append_spends` takes them; ``hashes`` is None until
+    the write that holds it is durable, then its entries' hashes."""
+
+    __slots__ = ("ids", "eps", "fixed", "events", "hashes")
+
+    def __init__(self, ids: list[str], eps: Sequence[float | None], fixed: Mapping[str, str],
+                 events: Sequence[tuple[str, str]] | None) -> None:
+        self.ids, self.eps, self.fixed = ids, list(eps), dict(fixed)
+        self.events = None if events is None else list(events)
+        self.hashes: list[str] | None = None
+
+
 class Journal:
     """The hash chains of one ledger and, unless ``path`` is None, its file.
 
     Holds the global chain (every entry's hash, by seq) and each client's
     chain link, verifies entries read back (:meth:`load`) and appends whole
-    batches durably. Not thread-safe: the ledger serialises calls.
+    batches durably, one write at a time: a batch alone, or the batches staged since the last
+    write (:meth:`stage_spends`, :meth:`flush`). Not thread-safe: the ledger serialises calls.
     """
 
     def __init__(self, header_hash: str, path: str | None, size: int = 0,
@@ -511,7 +553,8 @@ class Journal:
         nothing authenticates, as (line of its last entry, its seq, the offset where it
         starts, why); set by :meth:`load`, None if there is none."""
         self.batches_after_mark = 0
-        """The number of batches :meth:`load` read after the seq it was asked to mark."""
+        """The number of writes :meth:`load` read after the seq it was asked to mark (without a
+        key every batch counts as a write: nothing tells where a write of several ends)."""
         self.header_hash = header_hash
         self.head_seq, self.head_hash = -1, header_hash
         self._new_link = (0, header_hash)
@@ -523,6 +566,14 @@ class Journal:
         #: bytes of the journal through the batch that ends at the seq :meth:`load` was asked
         #: to mark (None: no batch ends there)
         self.marked_size: int | None = None
+        self._staged: list[Staged] = []  # batches for the next write, in order
+        self.staged_entries = 0
+        """Entries staged for the next write (deferred charges not yet durable)."""
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next staged or appended entry gets."""
+        return self.head_seq + 1 + self.staged_entries
 
     def hash_at(self, seq: int) -> str:
         """The hash of entry ``seq`` (-1: the header); ``-1 <= seq <= head_seq``."""
@@ -534,20 +585,22 @@ class Journal:
         """Verify the entries after the header; return the bytes of a torn tail ignored.
 
         Each line's hash, seq and batch_end is checked as it is read; once a
-        batch is complete, each of its entries is checked against the chains
-        and, if a spend, passed to ``on_spend(entry, lineno)``, in order.
+        batch is complete (with a key: once its write is, the last batch MACed under
+        :data:`BATCH_MAC_PREFIX`), each of its entries is checked against the chains and, if a
+        spend, passed to ``on_spend(entry, lineno)``, in order.
         :attr:`marked_size` is set to the journal's length through the batch
         that ends at seq ``mark`` (-1: the header alone; ``mark`` is the head record's seq),
-        :attr:`batches_after_mark` to the number of batches after it and, with a key,
+        :attr:`batches_after_mark` to the number of writes after it and, with a key,
         :attr:`unauthenticated` to the first batch that no MAC authenticates (the caller
         refuses it, :mod:`privkit._reopen`).
 
         Raises:
             LedgerCorruptError: a malformed, edited or missing entry (names the line).
         """
-        offset = committed = self._valid_size
+        offset = committed = batch_start = self._valid_size
         if mark == self.head_seq:
             self.marked_size = committed
+        done: list[tuple[dict[str, Any], int]] = []  # whole batches of the write being read
         pending: list[tuple[dict[str, Any], int]] = []  # the batch being read
         bad_line = 0
         for lineno, line in enumerate(lines, start=2):
@@ -562,7 +615,7 @@ class Journal:
                                  entry.get("hash")):
                 raise corrupt(self.path, lineno, "hash mismatch (entry edited or damaged)")
             seq, end = entry.get("seq"), entry.get("batch_end")
-            expected = self.head_seq + 1 + len(pending)
+            expected = self.head_seq + 1 + len(done) + len(pending)
             if seq != expected or not is_int(seq):
                 raise corrupt(self.path, lineno, f"seq {seq!r}, expected {expected} "
                                                  "(an entry is missing, duplicated or reordered)")
@@ -574,29 +627,37 @@ class Journal:
                                                  "does not end its batch")
             pending.append((entry, lineno))
             if seq == end:
-                for e, n in pending:
+                more = (self._key is not None
+                        and self._authenticate(entry, lineno, mark, batch_start))
+                done += pending
+                pending, batch_start = [], offset
+                if more:  # the write goes on: its batches count once it is whole
+                    continue
+                for e, n in done:
                     self._chain(e, n, on_spend)
-                if self._key is not None:
-                    self._authenticate(entry, lineno, mark, committed)
                 if mark is not None and seq > mark:
                     self.batches_after_mark += 1
-                pending, committed = [], offset
+                done, committed = [], offset
                 if seq == mark:
                     self.marked_size = committed
         self._valid_size, self._known_size = committed, offset
         return offset - committed
 
     def _authenticate(self, e: dict[str, Any], lineno: int, mark: int | None,
-                      offset: int) -> None:
+                      offset: int) -> bool:
         """Check the MAC of the batch that ``e`` (at ``lineno``) ends and that starts at byte
         ``offset``, with the key; note it in :attr:`unauthenticated` if nothing authenticates
-        it (``mark``: the head record's seq, which authenticates the chain up to it)."""
+        it (``mark``: the head record's seq, which authenticates the chain up to it). True: the
+        MAC says another batch of the same write follows (:data:`BATCH_MAC_MORE_PREFIX`)."""
         assert self._key is not None
         mac, seq = e.get("mac"), e["seq"]
-        if mac is not None and hmac.compare_digest(
-                mac, batch_mac(self._key, canonical_json(
-                    {k: v for k, v in e.items() if k not in _UNMACED}))):
+        body = canonical_json({k: v for k, v in e.items() if k not in _UNMACED}) \
+            if mac is not None else ""
+        if mac is not None and hmac.compare_digest(mac, batch_mac(self._key, body)):
             self._maced = True
+        elif mac is not None and hmac.compare_digest(mac, batch_mac(self._key, body, True)):
+            self._maced = True
+            return True
         elif not (mac is None and self._before_macs and not self._maced and mark is not None
                   and seq <= mark):
             if self.unauthenticated is None:
@@ -607,9 +668,10 @@ class Journal:
                             f"(seq {mark}; a privkit from before batch MACs leaves such a "
                             "batch when it crashes before writing the head record)")
                 self.unauthenticated = (lineno, seq, offset, why)
-            return
+            return False
         if e["kind"] == "recover":  # an authenticated recovery accepted what is before it
             self.unauthenticated = None
+        return False
 
     def _chain(self, e: dict[str, Any], lineno: int,
                on_spend: Callable[[dict[str, Any], int], None]) -> None:
@@ -652,24 +714,73 @@ class Journal:
     def append_spends(self, ids: list[str], eps: Sequence[float | None],
                       fixed: Mapping[str, str],
                       events: Sequence[tuple[str, str]] | None = None) -> list[str]:
-        """Durably append one spend batch, an entry per client; return their hashes.
+        """Durably append one spend batch, an entry per client (after any batches staged
+        before it, in the same write); return their hashes.
 
         ``eps`` are the clients' epsilons after the charge (None: not priced; only in a
         format that allows it, :attr:`null_eps`); ``events``, if given, each entry's own
         (event, count) canonical JSON (a batch of several charges); ``fixed`` is
-        :func:`spend_fields` with the canonical JSON of ``event`` and ``count``.
+        :func:`spend_fields` with the canonical JSON of ``event`` and ``count``. If the write
+        fails this batch is dropped (nothing of it is recorded) and earlier staged ones stay.
         """
-        links = [self._links.get(c, self._new_link) for c in ids]
-        data, hashes = _spend_lines(self.head_seq + 1, self.head_hash, ids, links, eps, fixed,
-                                    events, self._key)
-        self._append(data, hashes)
-        self._links.update(zip(ids, [(s + 1, h) for (s, _), h in zip(links, hashes, strict=True)],
-                               strict=True))
-        return hashes
+        staged = self.stage_spends(ids, eps, fixed, events)
+        try:
+            self.flush()
+        except BaseException:
+            self.unstage(staged)
+            raise
+        assert staged.hashes is not None
+        return staged.hashes
+
+    def stage_spends(self, ids: list[str], eps: Sequence[float | None],
+                     fixed: Mapping[str, str],
+                     events: Sequence[tuple[str, str]] | None = None) -> Staged:
+        """Stage one spend batch (as :meth:`append_spends` takes it) for the next write; its
+        entries get the seqs from :attr:`next_seq` on. Nothing is written or hashed: hashes
+        depend on the write (with a key, its MACs), so they are known once it is durable."""
+        staged = Staged(ids, eps, fixed, events)
+        self._staged.append(staged)
+        self.staged_entries += len(ids)
+        return staged
+
+    def unstage(self, staged: Staged) -> None:
+        """Drop the last staged batch ``staged`` (its write failed)."""
+        if self._staged and self._staged[-1] is staged:
+            self._staged.pop()
+            self.staged_entries -= len(staged.ids)
+
+    def flush(self) -> None:
+        """Durably append every staged batch in one write (one ``os.write``, one fsync and the
+        head record moved once), each batch as :meth:`append_spends` writes it; with a key,
+        every batch but the last MACed as one that its write goes on after. Nothing is
+        recorded if the write fails (the batches stay staged, and the write may be retried).
+        """
+        if not self._staged:
+            return
+        seq, prev = self.head_seq + 1, self.head_hash
+        links: dict[str, tuple[int, str]] = {}
+        chunks: list[bytes] = []
+        written: list[list[str]] = []
+        last = len(self._staged) - 1
+        for i, b in enumerate(self._staged):
+            lk = [links.get(c) or self._links.get(c, self._new_link) for c in b.ids]
+            data, hashes = _spend_lines(seq, prev, b.ids, lk, b.eps, b.fixed, b.events,
+                                        self._key, more=i < last)
+            links.update(zip(b.ids, [(s + 1, h) for (s, _), h in zip(lk, hashes, strict=True)],
+                             strict=True))
+            chunks.append(data)
+            written.append(hashes)
+            seq, prev = seq + len(hashes), hashes[-1]
+        self._append(b"".join(chunks), [h for hs in written for h in hs])
+        self._links.update(links)
+        for b, hs in zip(self._staged, written, strict=True):
+            b.hashes = hs
+        self._staged, self.staged_entries = [], 0
 
     def append_recover(self, problem: str, found: _head.Head | None, reason: str,
                        at: str | None) -> None:
         """Durably append a ``recover`` entry (then the head record moves to it)."""
+        assert not self._staged, "flush staged batches first"
         seq = self.head_seq + 1
         record = None if found is None else {"hash": found.hash, "seq": found.seq,
                                              "size": found.size}
@@ -701,6 +812,7 @@ class Journal:
 
     def append_fork(self, from_seq: int, from_hash: str, run_id: str | None) -> None:
         """Durably append a fork entry continuing from entry ``from_seq``."""
+        assert not self._staged, "flush staged batches first"
         seq = self.head_seq + 1
         entry: dict[str, Any] = {
             "batch_end": seq, "from_hash": from_hash, "from_seq": from_seq, "kind": "fork",

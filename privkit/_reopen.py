@@ -2,12 +2,12 @@
 
 :meth:`privkit.ledger.Ledger.open` and :meth:`~privkit.ledger.Ledger.recover` read the head
 record first and the journal after it, under a shared lock on the journal (writers hold it
-exclusively while they append a batch and move the head record), so a reader never sees a
+exclusively while they append a write and move the head record), so a reader never sees a
 head record ahead of the journal it reads. :func:`privkit._head.select` says which record is
 current (and refuses a head file that privkit's writes and crashes cannot leave, when a key
 is set), :func:`privkit._head.check` whether the journal agrees with it; with a key, a batch
 that its MAC does not authenticate (:mod:`privkit._journal`) is refused too; :func:`settle` creates
-a missing head record (a ledger from before head records) or moves one the journal is a batch
+a missing head record (a ledger from before head records) or moves one the journal is a write
 ahead of (a crash between their writes).
 """
 

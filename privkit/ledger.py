@@ -14,7 +14,8 @@ prices only near it (:mod:`privkit.accountants.budget`). The decision is the one
 the tight price gives, and :meth:`Ledger.epsilons` always reports tight prices.
 
 The journal (format ``privkit.ledger/2``; ``/3`` with a ledger key) is written one fsynced
-batch per charge and verified when reopened; :mod:`privkit._journal` describes the format
+batch per charge and verified when reopened (a charge is durable when :meth:`Ledger.spend`
+returns, unless deferred: below); :mod:`privkit._journal` describes the format
 and does the file I/O, this module the accounting. After every batch a head
 record beside the journal (``<journal>.head``, :mod:`privkit._head`) records the
 last committed entry, optionally authenticated with a ledger key, so that a
@@ -23,6 +24,16 @@ is refused on open; with the key every batch carries a MAC too, so that none can
 or substituted. :meth:`Ledger.recover` continues from such a journal explicitly and records
 that it did.
 
+**Deferred durability.** A charge made with ``durable=False`` (or inside :meth:`Ledger.deferred`)
+is checked against the budget and counted at once, like any other, but written only at the next
+:meth:`Ledger.sync`, together with every charge deferred before it: one write, one fsync and one
+head-record move for all of them. The rule that makes this safe is the caller's: nothing derived
+from a release may leave the process (a file, a console line, a message) before the release's
+charge is durable, so sync at every such *publication point*. A crash before the sync then
+loses only charges of releases that never left the process. Whatever the ledger itself tells
+(pointers, epsilons, compositions, reports, entries, a receipt's hash) is durable: those reads
+sync first. Without a deferral every charge is durable when it returns, as before.
+
 Example:
     >>> from privkit.events import GaussianDpEvent
     >>> ledger = Ledger.create(None, population_id="demo", delta=1e-5, epsilon_budget=10.0)
@@ -30,17 +41,25 @@ Example:
     1
     >>> round(ledger.epsilons()["a"], 4)
     1.9931
+    >>> with ledger.deferred():  # two releases, one write at the end of the block
+    ...     r = ledger.spend(["a"], GaussianDpEvent(2.0), label="round")
+    ...     _ = ledger.spend(["b"], GaussianDpEvent(2.0), label="round")
+    ...     (r.durable, ledger.pending)
+    (False, 2)
+    >>> (r.durable, ledger.pending)
+    (True, 0)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -111,6 +130,7 @@ class _LazyPrices:
         if self._value is None:
             assert self._ledger is not None
             with self._ledger._lock:
+                self._ledger._flush_locked()  # what the ledger tells is durable
                 eps = self._ledger._epsilons_of(self._states)
             eps.flags.writeable = False
             self._value, self._ledger = eps, None
@@ -119,21 +139,38 @@ class _LazyPrices:
 
 @dataclass(frozen=True, eq=False)
 class SpendReceipt:
-    """A charge that is durable on disk.
+    """A charge: durable on disk, or deferred until the ledger's next sync (:attr:`durable`).
 
     Attributes:
-        seq: the highest seq written (the release must carry it); ``hash`` its hash.
+        seq: the highest seq of the charge (the release must carry it); ``hash`` its hash.
         first_seq: the seq of the charge's first entry.
         client_ids: the clients charged, in entry order.
         epsilons: their epsilons after the charge (read-only array), priced when first read
             (a charge itself does not price the clients' compositions).
+        durable: whether the charge is written and fsynced. ``hash``, ``pointer`` and
+            ``epsilons`` of a deferred charge sync the ledger first (a hash is known once
+            its write is).
     """
 
     seq: int
-    hash: str
     first_seq: int
     client_ids: tuple[str, ...]
     _prices: _LazyPrices = field(repr=False)
+    _staged: _journal.Staged = field(repr=False)
+    _ledger: Ledger = field(repr=False)
+
+    @property
+    def durable(self) -> bool:
+        return self._staged.hashes is not None
+
+    @property
+    def hash(self) -> str:
+        if self._staged.hashes is None:
+            self._ledger.sync()
+        if self._staged.hashes is None:  # dropped: the ledger could not write it
+            raise LedgerError("the charge was never written (its write failed); nothing "
+                              "derived from its release may be published")
+        return self._staged.hashes[-1]
 
     @property
     def epsilons(self) -> np.ndarray:
@@ -256,6 +293,7 @@ class Ledger:
                               self.epsilon_budget)
         self._deltas: dict[tuple[str, int], int] = {}  # (event JSON, count) -> delta id
         self._lock = threading.Lock()
+        self._deferring = 0  # depth of deferred() blocks: charges default to durable=False
         self.discarded_bytes = 0
         """Bytes of an unfinished final write that :meth:`open` ignored."""
         self.head_note: str | None = None
@@ -496,6 +534,7 @@ class Ledger:
         step: int | None = None,
         run_id: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        durable: bool | None = None,
     ) -> SpendReceipt:
         """Charge ``count`` uses of ``event`` to every client, durably, or refuse.
 
@@ -503,6 +542,12 @@ class Ledger:
         budget nothing changes. Otherwise all entries are written in one write
         and fsynced, and only then is the in-memory state updated. Draw noise
         after this returns; the release carries ``receipt.seq``.
+
+        With ``durable=False`` (the default inside :meth:`deferred`) the charge is checked and
+        counted the same way (later budget checks and epsilons include it) but written at the
+        next :meth:`sync`, with the other deferred charges: sync before anything derived from
+        the release leaves the process. ``durable=True`` writes it now (with any charges
+        deferred before it), inside :meth:`deferred` too.
 
         Args:
             client_ids: one id or a non-empty sequence of distinct ids (str or int).
@@ -514,6 +559,8 @@ class Ledger:
                 counter, run_id: the run; each optional.
             meta: optional JSON object (backend, secure flag, rng stream id);
                 never keys or generator states.
+            durable: write the charge now (True), at the next :meth:`sync` (False), or as
+                the context says (None: False inside :meth:`deferred`, else True).
 
         Raises:
             BudgetExceededError: a client would exceed the budget (names them).
@@ -524,7 +571,7 @@ class Ledger:
                 be retried, unless the message says the charge is durable: then reopen).
         """
         return self.spend_many([(client_ids, event, count)], label=label, round=round,
-                               step=step, run_id=run_id, meta=meta)
+                               step=step, run_id=run_id, meta=meta, durable=durable)
 
     def spend_many(
         self,
@@ -535,10 +582,11 @@ class Ledger:
         step: int | None = None,
         run_id: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        durable: bool | None = None,
     ) -> SpendReceipt:
         """Several charges as one: ``(client_ids, event)`` or ``(client_ids, event, count)``
         each (say, a round's clients grouped by their event), all or nothing, in one write and
-        one fsync (:meth:`spend` is one charge of it).
+        one fsync (:meth:`spend` is one charge of it; ``durable`` as there).
 
         Every client of every charge is checked first; if one would exceed the budget nothing
         changes. A client appears in one charge at most.
@@ -584,25 +632,91 @@ class Ledger:
                     f"spend {label!r} would exceed epsilon_budget={self.epsilon_budget:g} "
                     f"(delta={self.delta:g}) for {len(over)} client(s): {shown}"
                     f"{' ...' if len(over) > 5 else ''}; nothing was recorded")
-            first = self._journal.head_seq + 1
-            if self._journal.null_eps:
+            journal = self._journal
+            first = journal.next_seq
+            if journal.null_eps:
                 cached = [self._states.known(s) for s in states]
             else:  # a privkit.ledger/1 journal: every entry carries its epsilon
                 cached = self._states.prices(states).tolist()
             if len(groups) == 1:
                 fixed["event"], fixed["count"] = events[0]
-                hashes = self._journal.append_spends(ids, cached, fixed)
+                staged = journal.stage_spends(ids, cached, fixed)
             else:
-                hashes = self._journal.append_spends(ids, cached, fixed, events)
+                staged = journal.stage_spends(ids, cached, fixed, events)
+            now = self._deferring == 0 if durable is None else bool(durable)
+            if now:
+                try:  # with any charges deferred before it: one write
+                    journal.flush()
+                except BaseException:
+                    journal.unstage(staged)  # this charge is not recorded; earlier ones stay
+                    raise
             for cid, s, e in zip(ids, states, cached, strict=True):
                 self._record(cid, self._index.get(cid, -1), s, e)
-        return SpendReceipt(first + len(ids) - 1, hashes[-1], first, tuple(ids),
-                            _LazyPrices(self, states))
+        return SpendReceipt(first + len(ids) - 1, first, tuple(ids), _LazyPrices(self, states),
+                            staged, self)
+
+    # ------------------------------------------------------- durability
+    @property
+    def pending(self) -> int:
+        """Entries of deferred charges not yet durable (0: everything charged is on disk)."""
+        return self._journal.staged_entries
+
+    def sync(self) -> LedgerPointer:
+        """Make every deferred charge durable: one write and one fsync for all of them, then
+        the head record moved once. Returns the head (a no-op when nothing is deferred).
+
+        Call it at every publication point of deferred charges: before anything derived from
+        their releases leaves the process.
+
+        Raises:
+            LedgerError: the journal cannot be appended to (as :meth:`spend`): nothing is
+                written, the charges stay deferred and the sync may be retried; publish
+                nothing derived from their releases.
+        """
+        with self._lock:
+            self._flush_locked()
+            return LedgerPointer(self._journal.head_seq, self._journal.head_hash)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[Ledger]:
+        """Within the block, charges default to ``durable=False``; the block's end syncs
+        (also when it ends by an exception: an error message may carry a release-derived
+        number). Blocks nest; the outermost one syncs.
+
+        Example:
+            >>> from privkit.events import GaussianDpEvent
+            >>> led = Ledger.create(None, population_id="demo", delta=1e-5)
+            >>> with led.deferred():
+            ...     for r in range(3):
+            ...         _ = led.spend(["a"], GaussianDpEvent(2.0), label="round", round=r)
+            ...     led.pending
+            3
+            >>> led.pending, led.head().seq
+            (0, 2)
+        """
+        with self._lock:
+            self._deferring += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._deferring -= 1
+                last = self._deferring == 0
+            if last:
+                self.sync()
+
+    def _flush_locked(self) -> None:
+        """Write the deferred charges (the lock held)."""
+        if self._journal.staged_entries:
+            self._journal.check_usable()
+            self._journal.flush()
 
     # ---------------------------------------------------------- pointers
     def head(self) -> LedgerPointer:
-        """Pointer to the last entry (seq -1 and the header's hash when there is none)."""
-        return LedgerPointer(self._journal.head_seq, self._journal.head_hash)
+        """Pointer to the last entry (seq -1 and the header's hash when there is none), after
+        making deferred charges durable (:meth:`sync`): a state that records it depends on
+        durable charges only."""
+        return self.sync()
 
     def origin(self) -> LedgerPointer:
         """Pointer to the header (seq -1): the state before any entry."""
@@ -628,6 +742,7 @@ class Ledger:
             raise InvalidParameterError("pointer", pointer, "a LedgerPointer")
         run_id = optional("run_id", run_id, str)
         with self._lock:
+            self._flush_locked()
             seq, head = pointer.seq, self._journal.head_seq
             self._check_pointer(pointer)
             if seq < head and not fork:
@@ -637,7 +752,7 @@ class Ledger:
             if seq < head:
                 self._journal.check_usable()
                 self._journal.append_fork(seq, pointer.hash, run_id)
-            return self.head()
+            return LedgerPointer(self._journal.head_seq, self._journal.head_hash)
 
     def entries_since(self, pointer: LedgerPointer) -> list[dict[str, Any]]:
         """The entries recorded after ``pointer``, oldest first, read back from the journal.
@@ -654,6 +769,7 @@ class Ledger:
         if not isinstance(pointer, LedgerPointer):
             raise InvalidParameterError("pointer", pointer, "a LedgerPointer")
         with self._lock:
+            self._flush_locked()
             seq, head = pointer.seq, self._journal.head_seq
             self._check_pointer(pointer)
             if seq == head:
@@ -701,6 +817,7 @@ class Ledger:
         """Replayed epsilon at the ledger's delta per client (default: all charged; 0 if never)."""
         ids = self.client_ids if client_ids is None else _client_ids(client_ids)
         with self._lock:
+            self._flush_locked()
             eps = self._epsilons_of([self._state_of(c) for c in ids])
         return dict(zip(ids, eps.tolist(), strict=True))
 
@@ -708,14 +825,16 @@ class Ledger:
         """The composed events charged to ``client_id`` (atoms with counts; empty if never)."""
         cid = _one_id(client_id)
         with self._lock:
+            self._flush_locked()
             return self._states.comps[self._state_of(cid)]
 
     def report(self, client_ids: Any = None) -> LedgerReport:
         """Per-client epsilons (default: all charged clients) with mean and max."""
         ids = self.client_ids if client_ids is None else tuple(_client_ids(client_ids))
         with self._lock:
+            self._flush_locked()
             eps = self._epsilons_of([self._state_of(c) for c in ids])
-            head = self.head()
+            head = LedgerPointer(self._journal.head_seq, self._journal.head_hash)
         eps.flags.writeable = False
         mean, top = (float(eps.mean()), float(eps.max())) if eps.size else (0.0, 0.0)
         return LedgerReport(tuple(ids), eps, mean, top, self.method, self.delta,
@@ -733,6 +852,7 @@ class Ledger:
                 if not math.isclose(e, replay[c], rel_tol=rtol)}
 
     def __repr__(self) -> str:
+        more = f", pending={self.pending}" if self.pending else ""
         return (f"Ledger(path={self.path!r}, population_id={self.population_id!r}, "
-                f"clients={len(self._ids)}, head_seq={self._journal.head_seq})")
+                f"clients={len(self._ids)}, head_seq={self._journal.head_seq}{more})")
 

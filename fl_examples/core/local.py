@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +42,7 @@ __all__ = [
     "pad_clients",
     "batch_orders",
     "client_batch_orders",
+    "keyed_batch_orders",
     "local_sgd",
     "local_sgd_reference",
 ]
@@ -182,6 +183,134 @@ def client_batch_orders(
     return _orders_from(sizes, epochs, sizes_h, epochs_h, u)
 
 
+#: Bits of a sort key that hold the sample's index within its segment (the rest: the key).
+_COL_BITS = 20
+#: Bits of a segment's random key in a sort key; a padding key, ``1 << _KEY_BITS``, sorts last.
+_KEY_BITS = 42
+_MAX_ATTEMPTS = 64
+
+
+def keyed_batch_orders(
+    sizes: Tensor,
+    epochs: Tensor,
+    words: Callable[[np.ndarray, np.ndarray, int], np.ndarray],
+) -> BatchOrder:
+    """Batch orders from counter-based keys: client i's epoch-e permutation sorts its keys
+    ``words(client, positions, attempt)`` at positions ``e n_i .. e n_i + n_i - 1`` of its
+    block (uint64 words, of which the top :data:`_KEY_BITS` are compared; all 62 top bits for
+    an epoch of more than 2^20 samples).
+
+    ``words(rows, positions, attempt)`` gets client indices ``rows`` and positions (uint64)
+    of one shape and returns the words of those clients at those positions; a word must
+    depend only on the client (its identity, not its index among the others), the position
+    and ``attempt``. Then client i's block is a function of its own words alone: it never
+    depends on which other clients are in the call.
+
+    Exact: the argsort of distinct i.i.d. uniform keys is a uniform random permutation, and a
+    client any of whose epochs holds two equal keys (probability about n^2 / 2^43) is drawn
+    again with ``attempt + 1`` (all of its epochs), so its orders are uniform permutations,
+    independent across epochs, conditioned on nothing. The words are computed once per real
+    position; the sort is one in-place ``sort`` per bucket of segments of similar length, on
+    the host (:func:`_sort_segments`).
+
+    Example:
+        >>> def words(rows, pos, attempt):  # client i's keys: its positions, reversed
+        ...     return (np.uint64(1 << 40) - pos) << np.uint64(22)
+        >>> o = keyed_batch_orders(torch.tensor([3, 2]), torch.tensor([1, 2]), words)
+        >>> o.order.tolist(), o.offsets.tolist()
+        ([2, 1, 0, 1, 0, 1, 0], [0, 3])
+    """
+    sizes, epochs = sizes.long(), epochs.to(sizes.device).long()
+    host = torch.cat([sizes, epochs]).tolist()
+    k = sizes.numel()
+    n_h = np.asarray(host[:k], dtype=np.int64)
+    e_h = np.asarray(host[k:], dtype=np.int64)
+    for name, vals in (("sizes", n_h), ("epochs", e_h)):
+        if vals.size and vals.min() < 0:
+            raise InvalidParameterError(name, int(vals.min()), "integers >= 0 in every entry")
+    counts = n_h * e_h
+    offsets = np.cumsum(counts) - counts
+    seg_client = np.repeat(np.arange(k), e_h)  # segments: (client, epoch), client-major
+    seg_n = n_h[seg_client]
+    words64 = np.empty(int(counts.sum()), dtype=np.uint64)  # every real position's word
+    out = np.empty(words64.size, dtype=np.int64)
+    segs, clients = np.arange(seg_client.size), np.arange(k)
+    for attempt in range(_MAX_ATTEMPTS):
+        if attempt == 0:  # every client: the flat positions in order
+            rows = np.repeat(clients, counts)
+            pos = np.arange(words64.size) - np.repeat(offsets, counts)
+            words64[:] = words(rows, pos.view(np.uint64), attempt)
+        else:
+            at = _ranges(offsets[clients], counts[clients])
+            rows = np.repeat(clients, counts[clients])
+            words64[at] = words(rows, (at - offsets[rows]).view(np.uint64), attempt)
+        tied = _sort_segments(out, segs, seg_n, words64, ties=True)
+        if not tied.size:
+            dev = sizes.device
+            return BatchOrder(torch.from_numpy(out).to(dev), torch.as_tensor(offsets, device=dev))
+        clients = np.unique(seg_client[tied])  # a tie anywhere: the client's whole draw again
+        segs = np.flatnonzero(np.isin(seg_client, clients))
+    raise AssertionError("keys kept tying: the words are not random")  # pragma: no cover
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + n)`` over (starts, lengths)."""
+    total = int(lengths.sum())
+    return np.arange(total) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+
+
+def _sort_segments(out: np.ndarray, segs: np.ndarray, seg_n: np.ndarray, words: np.ndarray,
+                   ties: bool = False) -> np.ndarray:
+    """Write into ``out`` the permutation that sorts each segment's words (segments lie one
+    after the other: segment s holds ``words[start_s : start_s + seg_n[s]]`` and gets
+    ``out[start_s : start_s + seg_n[s]]``), for the segments ``segs`` (ascending).
+
+    A sort key is a word's top :data:`_KEY_BITS` bits above its index in the segment, so one
+    in-place ``sort`` per bucket of segments (padded to widths by powers of two, at most
+    twice the work; one bucket when padding costs little) gives each permutation; equal keys
+    come out in index order. A segment of more than ``2**_COL_BITS`` samples is argsorted
+    alone on its top 62 bits. With ``ties``, returns the segments in which two compared keys
+    are equal (else an empty array)."""
+    tied: list[np.ndarray] = []
+    seg_start = np.cumsum(seg_n) - seg_n
+    n = seg_n[segs]
+    big = n > 1 << _COL_BITS
+    for s in segs[big].tolist():
+        a, b = int(seg_start[s]), int(seg_start[s] + seg_n[s])
+        key = (words[a:b] >> np.uint64(2)).astype(np.int64)
+        perm = np.argsort(key, kind="stable")
+        out[a:b] = perm
+        if ties and bool((key[perm][1:] == key[perm][:-1]).any()):
+            tied.append(np.array([s]))
+    segs, n = segs[~big], n[~big]
+    if segs.size:
+        width = np.left_shift(1, np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64))
+        top = int(width.max())
+        if top * segs.size <= 2 * int(n.sum()) + 4096:  # little padding: one sort does
+            width[:] = top
+        whole = segs.size == seg_n.size  # every segment, in order: flat positions in order
+        shift = np.uint64(64 - _KEY_BITS)
+        for w in np.unique(width).tolist():
+            pick = width == w
+            sel = segs[pick]
+            col = np.arange(w)
+            real = col < n[pick][:, None]
+            src: Any = slice(None) if whole and bool(pick.all()) else _ranges(
+                seg_start[sel], seg_n[sel])
+            # padding keys above every real one, and distinct: only real keys can tie
+            key = np.repeat(((1 << _KEY_BITS) + col)[None, :], sel.size, axis=0)
+            key[real] = (words[src] >> shift).view(np.int64)
+            key <<= _COL_BITS
+            key |= col
+            key.sort(axis=1)
+            if ties and w > 1:
+                high = key >> _COL_BITS
+                tied.append(sel[(high[:, 1:] == high[:, :-1]).any(axis=1)])
+            key &= (1 << _COL_BITS) - 1
+            out[src] = key[real]
+    return np.concatenate(tied) if tied else np.zeros(0, dtype=np.int64)
+
+
 def _draw_orders(
     sizes: Tensor,
     epochs: Tensor,
@@ -209,6 +338,13 @@ def _orders_from(
     total = sum(n * e for n, e in zip(sizes_h, epochs_h))
     if total == 0:
         return BatchOrder(torch.zeros(0, dtype=torch.long, device=dev), offsets)
+    if dev.type == "cpu":  # one sort per bucket of segment lengths (keyed_batch_orders')
+        seg_n = np.repeat(np.asarray(sizes_h, dtype=np.int64), np.asarray(epochs_h))
+        # u < 1 in float64: u 2^64 is exact and below 2^64, its top bits u's leading ones
+        words = (u.numpy() * 2.0**64).astype(np.uint64)
+        out = np.empty(total, dtype=np.int64)
+        _sort_segments(out, np.arange(seg_n.size), seg_n, words)
+        return BatchOrder(torch.from_numpy(out), offsets)
     seg_len = sizes.repeat_interleave(epochs, output_size=sum(epochs_h))  # per (client, epoch)
     seg_id = torch.repeat_interleave(
         torch.arange(seg_len.numel(), device=dev), seg_len, output_size=total

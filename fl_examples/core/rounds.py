@@ -8,6 +8,7 @@ client subsets and stragglers in its k-th data round.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,9 @@ __all__ = [
     "independent_straggler_epochs",
     "client_uniforms",
     "client_orders",
+    "order_words",
+    "poisson_sample",
+    "POISSON_BLOCK",
     "aggregate",
     "evaluate",
     "evaluation_row",
@@ -129,6 +133,8 @@ def independent_straggler_epochs(tree: SeedTree, data_round: int, clients: np.nd
         True
     """
     sel = np.asarray(clients, dtype=np.int64)
+    if straggler_fraction <= 0:  # nobody straggles: no draw needed (the same epochs)
+        return np.full(len(sel), local_epochs, dtype=np.int64), np.zeros(len(sel), dtype=bool)
     u = client_uniforms(tree, data_round, "stragglers-per-client", sel, 2)
     strag = u[:, 0] < straggler_fraction
     spare = 1 + np.floor(u[:, 1] * (local_epochs - 1)).astype(np.int64) \
@@ -137,15 +143,150 @@ def independent_straggler_epochs(tree: SeedTree, data_round: int, clients: np.nd
     return epochs, strag
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, in place on uint64 words (wrapping arithmetic: unsigned
+    integer overflow is not reported by numpy's array operations)."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _counter_words(tree: SeedTree, data_round: int, stream: str, ids: Any, rows: np.ndarray,
+                   positions: np.ndarray) -> np.ndarray:
+    """``m(m(ids[rows] ^ k0) ^ m(k1 + positions G))``, ``k0, k1`` from the seed tree's
+    ``stream`` of ``data_round`` and ``m`` SplitMix64 (:func:`order_words`)."""
+    k0, k1 = tree.sequence(data_round, stream).generate_state(2, np.uint64)
+    ids = np.asarray(ids, dtype=np.int64).astype(np.uint64)
+    positions = np.asarray(positions, dtype=np.uint64)
+    with np.errstate(over="ignore"):  # scalar uint64 arithmetic warns on wrapping
+        per_id = _mix((ids ^ k0) + _GOLDEN)
+        top = int(positions.max()) + 1 if positions.size else 0
+        per_position = _mix(np.arange(top, dtype=np.uint64) * _GOLDEN + (k1 + _GOLDEN))
+        z = per_position[positions]
+        z ^= per_id[rows]
+        z += _GOLDEN
+        return _mix(z)
+
+
+#: Clients per block of :func:`poisson_sample` (a constant: the sample of a block never
+#: depends on the population's size).
+POISSON_BLOCK = 1 << 16
+
+
+def poisson_sample(tree: SeedTree, data_round: int, num_clients: int, rate: float,
+                   stream: str = "poisson-blocks") -> np.ndarray:
+    """Poisson sampling: each of the clients ``0 .. num_clients - 1`` independently with
+    probability ``rate``, sorted; in time proportional to the sample (plus one small draw per
+    :data:`POISSON_BLOCK` clients), not to the population.
+
+    The ids are cut into blocks of :data:`POISSON_BLOCK`; in block b the sampled offsets are
+    ``p_1 = G_1``, ``p_{k+1} = p_k + 1 + G_{k+1}``, with i.i.d. geometric gaps ``G_k =
+    floor(log U_k / log(1 - rate))`` (failures before a success; ``U_k`` in (0, 1] from the
+    counter-based words of (seed, round, b, k), :func:`order_words`' construction): a
+    Bernoulli process, so every client is in independently with probability ``rate``,
+    exactly as a coin per client. Whether client c is in depends on the seed, the round and
+    c's block's gaps alone: never on the population's size or on who else exists (adding a
+    client never moves another, the coupling add/remove DP needs).
+
+    Example:
+        >>> t = SeedTree(0)
+        >>> a = poisson_sample(t, 1, 1000, 0.1)
+        >>> b = poisson_sample(t, 1, 1001, 0.1)  # one more client: nobody else moves
+        >>> bool(np.array_equal(a, b[b < 1000])), 60 < a.size < 140
+        (True, True)
+    """
+    n = int(num_clients)
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if rate >= 1:
+        return np.arange(n, dtype=np.int64)
+    if rate <= 0:
+        return np.zeros(0, dtype=np.int64)
+    log_keep = math.log1p(-rate)
+    blocks = np.arange(-(-n // POISSON_BLOCK), dtype=np.int64)
+    span = np.minimum(POISSON_BLOCK, n - blocks * POISSON_BLOCK)  # ids of each block, < n
+    out: list[np.ndarray] = []
+    start = np.zeros(blocks.size, dtype=np.int64)  # the next gap's position in each block
+    drawn = 0  # gaps drawn per block so far
+    todo = np.arange(blocks.size)
+    while todo.size:
+        expect = rate * float(span[todo].max())
+        m = int(expect + 8 * math.sqrt(expect) + 16)
+        rows = np.repeat(np.arange(todo.size), m)
+        k = np.tile(np.arange(drawn, drawn + m, dtype=np.uint64), todo.size)
+        w = _counter_words(tree, data_round, stream, blocks[todo], rows, k)
+        u = ((w >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # in (0, 1]
+        gaps = np.floor(np.log(u) / log_keep).reshape(todo.size, m)
+        pos = start[todo][:, None] + np.cumsum(gaps + 1.0, axis=1) - 1.0  # offsets sampled
+        inside = pos < span[todo][:, None]
+        out.append((blocks[todo][:, None] * POISSON_BLOCK + pos.astype(np.int64))[inside])
+        start[todo] = pos[:, -1].astype(np.int64) + 1
+        drawn += m
+        todo = todo[inside[:, -1]]  # blocks whose last gap stayed inside: draw further
+    return np.sort(np.concatenate(out))
+
+
+def order_words(tree: SeedTree, data_round: int, clients: Any, rows: np.ndarray,
+                positions: np.ndarray, attempt: int = 0) -> np.ndarray:
+    """The 64-bit words behind the batch orders of :func:`client_orders`: for each element,
+    client ``clients[rows[j]]``'s word at position ``positions[j]`` (uint64, the shape of
+    ``rows``) in ``data_round``.
+
+    Counter-based, as :meth:`privkit.seeds.SeedTree.uniforms`: with ``k0, k1`` from the seed
+    tree's stream ``batch-orders/<attempt>`` of the round, a client with id ``c`` has the
+    word ``m(m(c ^ k0) ^ m(k1 + p G))`` at position ``p``, ``m`` SplitMix64 (``G`` its
+    increment). A word depends on the seed, the round, the client's id, ``p`` and
+    ``attempt`` alone: never on who else is drawn for or how many.
+
+    Example:
+        >>> t = SeedTree(0)
+        >>> pos = np.arange(4, dtype=np.uint64)
+        >>> a = order_words(t, 1, [3], np.zeros(4, dtype=np.int64), pos)
+        >>> b = order_words(t, 1, [1, 3, 7], np.ones(4, dtype=np.int64), pos)
+        >>> bool((a == b).all())
+        True
+    """
+    return _counter_words(tree, data_round, f"batch-orders/{int(attempt)}", clients, rows,
+                          positions)
+
+
 def client_orders(tree: SeedTree, data_round: int, clients: Any, sizes: Tensor,
                   epochs: Tensor, device: torch.device) -> Any:
-    """Batch orders of ``clients`` in ``data_round``, each from its own stream
-    ``batches/<client id>`` (the Flower clients' ``per-client`` order): a client's local
-    training never depends on who else was sampled."""
-    from fl_examples.core.local import client_batch_orders
+    """Batch orders of ``clients`` in ``data_round``: client c's epoch-e permutation sorts
+    its own counter-based words (:func:`order_words`, keyed by the seed, the round and c's
+    id), so a client's local training never depends on who else was sampled.
 
-    gens = [tree.torch(data_round, f"batches/{int(c)}", device) for c in clients]
-    return client_batch_orders(sizes, epochs, gens)
+    One vectorised hash over every sampled client's positions and one argsort per bucket of
+    similar sizes (:func:`~fl_examples.core.local.keyed_batch_orders`, exact: uniform
+    permutations, a client whose keys tie is drawn again), without a generator per client.
+
+    Example:
+        >>> t = SeedTree(0)
+        >>> one = client_orders(t, 1, [7], torch.tensor([4]), torch.tensor([2]), "cpu")
+        >>> three = client_orders(t, 1, [2, 7, 9], torch.tensor([3, 4, 5]),
+        ...                       torch.tensor([1, 2, 1]), "cpu")
+        >>> three.order[3:11].tolist() == one.order.tolist()
+        True
+    """
+    from fl_examples.core.local import keyed_batch_orders
+
+    ids = np.asarray(clients, dtype=np.int64).reshape(-1)
+    if ids.size != sizes.numel():
+        raise InvalidParameterError("clients", ids.size, f"one per size ({sizes.numel()})")
+    order = keyed_batch_orders(
+        sizes.cpu(), epochs.cpu(),
+        lambda rows, pos, attempt: order_words(tree, data_round, ids, rows, pos, attempt))
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return order
+    return type(order)(order.order.to(dev), order.offsets.to(dev))
 
 
 def aggregate(stacked: dict[str, Tensor], weights: Tensor) -> dict[str, Tensor]:

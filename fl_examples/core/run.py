@@ -25,7 +25,8 @@ answers a small protocol:
 
 :func:`drive` is the loop they share: restore or adopt on resume, evaluate every
 ``eval_every`` steps and at the end, checkpoint every ``checkpoint_every`` steps, stop early
-for tests, and stop a diverging run (:class:`TrainingDivergedError`: the watched loss, the
+for tests, make the ledger's charges durable at every publication point (below), and stop a
+diverging run (:class:`TrainingDivergedError`: the watched loss, the
 training loss or a private run's held-out loss (:attr:`TrainerRun.loss_key`), is not
 finite, or more than :func:`max_loss_factor` times its first evaluated value; the CLI's
 ``--max-loss-factor``, default :data:`DEFAULT_MAX_LOSS_FACTOR`). :func:`open_ledger` opens
@@ -33,6 +34,19 @@ the run's ledger in the output directory (never reset) and :func:`adopt_round_ch
 adoption rule of trainers that charge round by round; :mod:`fl_examples.core.outdir` checks
 the output directory before a run starts.
 The checkpoint files themselves are :mod:`fl_examples.core.checkpoint`'s.
+
+**Durability.** A step charges its release on the ledger before the release exists (write
+ahead), but :func:`drive` runs the steps inside :meth:`privkit.ledger.Ledger.deferred`: the
+charges are checked against the budget at once and written together at the next *publication
+point*, where something derived from a release would leave the process: a checkpoint (its
+model, history and ledger pointer), a progress-bar line showing an evaluation (only when the
+bar is shown), the end of the loop (the report, the console table, plots and an error message
+come after it: the block's end syncs, also when an exception ends it). A crash between two
+publication points loses only charges of releases that never left the process; resuming
+replays those steps and charges them again (a seeded step replays the same release, and a
+charge that did reach the ledger is adopted, never made twice: :func:`adopt_round_charges`).
+A step must therefore publish nothing itself; one that does calls :meth:`TrainerRun.publish`
+first.
 """
 
 from __future__ import annotations
@@ -194,6 +208,13 @@ class TrainerRun(abc.ABC):
                                 charges=lambda t: ())
 
     # -- hooks with defaults ---------------------------------------------------------------
+    def publish(self) -> None:
+        """A publication point: make every charge made so far durable (a no-op without a
+        ledger or a deferred charge). Call it before anything derived from a release leaves
+        the process (:func:`drive` does at its own publication points)."""
+        if self.ledger is not None:
+            self.ledger.sync()
+
     def healthy(self) -> bool:
         """False (a model that is no longer finite) stops the run before an evaluation with
         :class:`TrainingDivergedError`."""
@@ -239,6 +260,7 @@ class TrainerRun(abc.ABC):
     def save(self, directory: Path) -> None:
         """Checkpoint the current state: the algorithm's :meth:`state` plus the algorithm,
         configuration, history and (with :attr:`records_ledger`) the ledger pointer."""
+        self.publish()  # the checkpoint leaves the process: its charges first
         tensors, state = self.state()
         common: dict[str, Any] = {"algorithm": self.algorithm, "config": self.config_state(),
                                   "history": self.history_state()}
@@ -290,7 +312,9 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
     ``checkpoint_every`` (0: never); stop after ``stop_after`` counted steps (to test
     resuming: no final evaluation or checkpoint then). A step that counts nothing (MAPA's
     dropped upload) is neither evaluated nor checkpointed. A budget stop (``step()`` returns
-    False) ends the loop with a final evaluation.
+    False) ends the loop with a final evaluation. The ledger's charges are deferred and made
+    durable at each publication point: before a checkpoint, before the progress bar shows an
+    evaluation, and when the loop ends, however it ends (module docstring).
 
     Raises:
         TrainingDivergedError: after an evaluation whose watched loss is not finite or
@@ -313,35 +337,41 @@ def drive(run: TrainerRun, *, checkpoints: Path | None, checkpoint_every: int,
         _check_loss(run, run.evaluate())
     interrupted = False
     bar = progress(run.remaining(), desc=run.algorithm)
+    # charges are made durable at the publication points, and when the block ends
+    deferred = run.ledger.deferred() if run.ledger is not None else contextlib.nullcontext()
     try:
-        run.begin()
-        while not run.finished():
-            before = run.position
-            if not run.step():
-                break
-            if run.position == before:
-                continue
-            bar.update(run.position - before)
-            if run.position % eval_every == 0 or run.finished():
+        with deferred:
+            run.begin()
+            while not run.finished():
+                before = run.position
+                if not run.step():
+                    break
+                if run.position == before:
+                    continue
+                bar.update(run.position - before)
+                if run.position % eval_every == 0 or run.finished():
+                    if not run.healthy():
+                        raise _unhealthy(run)
+                    row = _check_loss(run, run.evaluate())
+                    if not bar.disable:  # the bar prints the evaluation: a publication
+                        run.publish()
+                    bar.set_postfix(**run.postfix(row))
+                if every and run.position % every == 0:
+                    assert checkpoints is not None
+                    run.save(checkpoints)  # publishes first
+                    saved = run.checkpoint_round()
+                if stop_after is not None and run.position >= stop_after:
+                    interrupted = True
+                    break
+            if not interrupted:
                 if not run.healthy():
                     raise _unhealthy(run)
-                bar.set_postfix(**run.postfix(_check_loss(run, run.evaluate())))
-            if every and run.position % every == 0:
-                assert checkpoints is not None
-                run.save(checkpoints)
-                saved = run.checkpoint_round()
-            if stop_after is not None and run.position >= stop_after:
-                interrupted = True
-                break
-        if not interrupted:
-            if not run.healthy():
-                raise _unhealthy(run)
-            if not run.history or run.history[-1]["iteration"] != run.position:
-                _check_loss(run, run.evaluate())
-            run.finish()
-            if every and run.save_at_end and saved != run.checkpoint_round():
-                assert checkpoints is not None
-                run.save(checkpoints)
+                if not run.history or run.history[-1]["iteration"] != run.position:
+                    _check_loss(run, run.evaluate())
+                run.finish()
+                if every and run.save_at_end and saved != run.checkpoint_round():
+                    assert checkpoints is not None
+                    run.save(checkpoints)
     finally:
         bar.close()
 

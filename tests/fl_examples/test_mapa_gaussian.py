@@ -193,15 +193,23 @@ def test_calibrated_noise_meets_the_target_tightly(digits8):
 
 
 def test_charges_are_written_before_the_noise_is_drawn(tmp_path, digits8, monkeypatch):
-    real, draws = mapa_uploads.gaussian_noise, []
-    path = tmp_path / "ledger-audp.jsonl"
+    # The ledger's charges are recorded before the noise is drawn; their durable write is
+    # grouped (drive() syncs before anything derived from a release leaves the process, which
+    # tests/fl_examples/test_publication_points.py checks).
+    real, draws, charges = mapa_uploads.gaussian_noise, [], []
+    real_spend = privkit.ledger.Ledger.spend
+
+    def spend(self, ids, *a, **kw):
+        out = real_spend(self, ids, *a, **kw)
+        charges.extend(ids)  # one upload per edge charged
+        return out
 
     def spy(tree, stddev, *, rng):
         draws.append(1)
-        charged = len(path.read_text().splitlines()) - 1  # entries on disk (after the header)
-        assert charged >= len(draws), "noise drawn before its upload was charged"
+        assert len(charges) >= len(draws), "noise drawn before its upload was charged"
         return real(tree, stddev, rng=rng)
 
+    monkeypatch.setattr(privkit.ledger.Ledger, "spend", spend)
     monkeypatch.setattr(mapa_uploads, "gaussian_noise", spy)
     one = _price(privkit.PoissonSampledDpEvent(16 / int(digits8.train_sizes.min()),
                                                privkit.GaussianDpEvent(1.0)), 6, 1e-5,

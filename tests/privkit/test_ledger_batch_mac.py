@@ -448,7 +448,7 @@ def test_a_journal_more_than_one_batch_ahead_of_its_head_record_is_refused(tmp_p
     head_file(path).write_bytes(heads[1])
     for journal in (journals[3], journals[2] + journals[3][len(journals[2]):]):
         path.write_bytes(journal)
-        with pytest.raises(LedgerHeadError, match="holds 2 batches after the entry") as info:
+        with pytest.raises(LedgerHeadError, match="holds 2 writes after the entry") as info:
             Ledger.open(path, **kw)
         assert info.value.kind == "ahead" and str(head_file(path)) in str(info.value)
     path.write_bytes(journals[2])  # one batch ahead: the crash case

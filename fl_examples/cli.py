@@ -146,7 +146,8 @@ def add_train_parser(sub: Any, parser_class: Any) -> None:
                             "prints an empirical lower bound on epsilon beside the "
                             "accounted one (OUT/audit_scores.json, "
                             "report.json's audit block; exit status 3 if the bound exceeds "
-                            "it). Upcycled and dprec's client level (DP-FedAvg, banded MF), "
+                            "it). Upcycled and dprec's client level (DP-FedAvg, banded MF, "
+                            "--aggregation distributed), "
                             "mapa --noise gaussian, scfl with gradient noise; refused, saying "
                             "why, elsewhere (docs/audit-runs.md)")
         p.add_argument("--max-loss-factor", type=float, default=None,

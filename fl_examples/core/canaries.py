@@ -25,6 +25,30 @@ Where they go (:class:`TrainerCanaries`, one per audited run):
   :class:`privkit.audit.WhiteBoxScorer` on each release in units of C_t (noise stddev z, an
   in-canary's shift 1/z): the normalised sum at q = 1, the Poisson log-likelihood ratio
   below.
+* **Distributed DP** (:meth:`fl_examples.core.distributed.DistributedDpPlan.release`:
+  ``--aggregation distributed``, upcycled and dprec's ``dpfedavg``): canary **clients** that go
+  through the clients' own encoder (:meth:`~fl_examples.core.distributed.DistributedDpPlan.
+  canary_input`: clipped to C, the round's public rotation, scaled by 1/gamma, conditionally
+  rounded with the canaries' own coins, wrapped modulo 2^bits) but add **no** noise share:
+  their residues join the secure sum before the server decodes it. The priced noise is the
+  honest clients' shares; a canary is one more unit of sensitivity, as the target client is
+  under zero-out (in or out of a sum its contribution or nothing, never a noise share; its
+  rounded vector within the same norm bound). A canary is never a survivor: a round whose
+  cohort is below ``--min-survivors`` is skipped whatever the canaries (nothing released,
+  nothing scored, no canary draw), and in a released round each included canary takes part
+  with probability q' (the released rounds' rate the ledger amplifies at, ``released_rate``;
+  q at q = 1, its own stream). Scores: as DP-FedAvg's, from the **decoded** sum (centred,
+  unscaled, rotated back; before the divisor q N) in units of C, with z the released sum's
+  guaranteed noise multiplier ``gamma sqrt((n_min - colluders) mu) / C`` (an in-canary's shift
+  1/z; a larger cohort only adds noise to a score). The Steinke et al. bound assumes nothing
+  but the coins; the Gaussian one-run bound assumes Gaussian scores, which here holds
+  approximately: each decoded coordinate is a rotated (``1/sqrt(d)``-weighted) sum of ``d``
+  coordinates of Skellam noise of variance ``n mu`` (``n`` >= n_min shares), near Gaussian
+  (the rounding's error, under ``gamma^2 / 4`` a coordinate per contribution, is more noise).
+  The canaries' rows add at most ``sqrt(M) C`` to the sum's norm: the plan's wrap-around
+  bound is for the real cohort, ``privacy.canaries.wrap_bound_per_round`` the bound with the
+  canaries in, the report's ``wrapped_rounds`` counts the rounds that wrapped (a wrapped
+  release only weakens the scores: it is still a post-processing of the noisy sum).
 * **Banded MF** (:meth:`fl_examples.core.banded.BandedDpPlan.release`): canary clients in a
   schedule the participation schema allows: ``minsep`` data rounds 1, 1 + s, ... (at most
   ceil(T / s) rounds, s apart), ``cyclic`` group 0's rounds (1, 1 + g, ...),
@@ -149,6 +173,12 @@ class TrainerCanaries:
         where: what a canary is, for the report.
         strategy: banded MF's coefficients ``c_0 .. c_(b-1)`` (None: independent noise).
         eligible: ``eligible(t)`` for release t (1-based), the public schedule (None: all).
+        details: more of what the report says about the canaries (:meth:`describe`).
+
+    Attributes:
+        coins: the canaries' own generator for what their encoding draws (distributed DP's
+            rounding coins; never a client's stream, neither the inclusion coins nor the
+            Poisson draws).
 
     Raises:
         InvalidParameterError: ``m`` above ``dim`` (named ``audit_canaries``).
@@ -156,13 +186,16 @@ class TrainerCanaries:
 
     def __init__(self, m: int, dim: int, *, seed: int, noise_multiplier: float,
                  sampling_probability: float = 1.0, where: str,
-                 strategy: Any = None, eligible: Callable[[int], bool] | None = None
-                 ) -> None:
+                 strategy: Any = None, eligible: Callable[[int], bool] | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
         m = _validate.positive_int("audit_canaries", m)
         check_fits(m, dim)
-        s1, s2 = np.random.SeedSequence(_validate.nonnegative_int("seed", seed)).spawn(2)
+        # the first two children are those of spawn(2): adding the third moved nothing
+        s1, s2, s3 = np.random.SeedSequence(_validate.nonnegative_int("seed", seed)).spawn(3)
         self.canaries = make_canaries(m, dim, norm=1.0, seed=int(s1.generate_state(1)[0]))
         self._rng = np.random.default_rng(s2)
+        self.coins = np.random.default_rng(s3)
+        self.details = dict(details or {})
         self.z = _validate.positive("noise_multiplier", noise_multiplier)
         self.q = _validate.probability("sampling_probability", sampling_probability)
         self.where = where
@@ -266,16 +299,29 @@ class TrainerCanaries:
                 "(clipped to it by the mechanism)", "where": self.where,
                 "noise_multiplier": self.z, "sampling_probability": self.q,
                 "releases": self.releases,
-                "statistic": self.statistic, "note": CANARY_NOTE}
+                "statistic": self.statistic, "note": CANARY_NOTE} | self.details
 
 
 def for_plan(plan: Any, m: int, dim: int, *, seed: int) -> TrainerCanaries:
     """Canary clients for a client-level plan: DP-FedAvg's
-    (:class:`~fl_examples.core.dp_modes.ClientDpPlan`: Poisson at q in every data round) or
+    (:class:`~fl_examples.core.dp_modes.ClientDpPlan`: Poisson at q in every data round),
     banded MF's (:class:`~fl_examples.core.banded.BandedDpPlan`: the schedule its
-    participation allows; module docstring)."""
+    participation allows) or distributed DP's
+    (:class:`~fl_examples.core.distributed.DistributedDpPlan`: Poisson at q' in every
+    released round, encoded without a noise share; module docstring)."""
     from fl_examples.core.banded import BandedDpPlan
+    from fl_examples.core.distributed import DistributedDpPlan
 
+    if isinstance(plan, DistributedDpPlan):
+        return TrainerCanaries(m, dim, seed=seed, noise_multiplier=plan.noise_multiplier,
+                               sampling_probability=plan.released_rate,
+                               where=f"canary clients in the secure sum of every released "
+                                     f"round, Poisson-sampled at q' = "
+                                     f"{plan.released_rate:.6g} (the rate a released round is "
+                                     "charged at), each encoded like a client (clip, the "
+                                     "round's rotation, scaling, conditional rounding, modulo "
+                                     f"2^{plan.bits}) with no noise share (distributed DP)",
+                               details=plan.canary_details(m))
     if not isinstance(plan, BandedDpPlan):
         return TrainerCanaries(m, dim, seed=seed, noise_multiplier=plan.noise_multiplier,
                                sampling_probability=plan.client_rate,

@@ -46,10 +46,16 @@ beside (twice the sensitivities). Add/remove is not priced: a removed client tak
 share away. Wrap-around of the modular sum is a utility failure, not a privacy one: the report
 gives the calibrated per-round bound and, in this simulation, how many rounds did wrap
 (computed from the noisy integer sums, a post-processing of what the Skellam bound prices).
+
+**Audits** (``--audit-canaries M``, :mod:`fl_examples.core.canaries`): canary clients encoded
+like a client without a noise share (:meth:`DistributedDpPlan.canary_input`) join the secure
+sum of each released round they are sampled in (rate q'), never as survivors; they are scored
+from the decoded sum, before the divisor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -70,6 +76,7 @@ from privkit import _validate
 from privkit.accountants.distributed import (
     SKELLAM_NOTE,
     calibrate_distributed,
+    skellam_chernoff_tail,
     wraparound_probability,
 )
 from privkit.errors import InvalidParameterError
@@ -316,6 +323,39 @@ class DistributedDpPlan:
             clients=self.cohort_bound, noise_per_client=float(self.noise_per_client),
             scaled_clip=m.scaled_clip, padded_dim=m.padded_dim, bits=int(self.bits)) + tail)
 
+    def canary_details(self, m: int) -> dict[str, Any]:
+        """What the report says of ``m`` audit canaries in this plan's sums (beside
+        :meth:`~fl_examples.core.canaries.TrainerCanaries.describe`): the noise the scores
+        are normalised by, what the Gaussian bound assumes, the wrap-around bound with them."""
+        mech = self.mechanism()
+        n, c, d = self.cohort_bound, mech.scaled_clip, mech.padded_dim
+        # the canaries are orthogonal (one coordinate each): their sum's norm is sqrt(m) c
+        v = (n * c + math.sqrt(m) * c) ** 2 / d
+        t = 2.0 ** (int(self.bits) - 1) - (n + m)
+        tail = 0.0 if self.cohort_bound >= self.num_clients or self.inclusion_rate == 1 \
+            else COHORT_TAIL
+        wrap = min(1.0, 2.0 * d * skellam_chernoff_tail(t, n * float(self.noise_per_client),
+                                                        v) + tail)
+        return {"note": "canary clients took part: extra contributions encoded like every "
+                        "client (clipped to C, rotated, scaled, rounded, modulo 2^bits) but "
+                        "adding no noise share, never touching a real client's data; they are "
+                        "neither among num_clients nor among the survivors, and the divisor "
+                        "is unchanged. The accounted epsilon covers each canary as one more "
+                        "client (zero-out); the run's model carries their (tiny) updates",
+                "noise_share": "none: the priced noise is the honest clients' Skellam shares; "
+                               "a canary is one more unit of sensitivity (zero-out)",
+                "noise_stddev_of_sum": self.noise_multiplier * self.l2_clip_norm,
+                "noise_note": "the scores are in units of C with noise stddev z, the released "
+                              "sum's guaranteed gamma sqrt((n_min - colluders) mu) (a larger "
+                              "cohort carries more noise)",
+                "scores_assume": "the Steinke et al. bound: nothing but the coins; the "
+                                 "Gaussian one-run bound: Gaussian scores, here approximate "
+                                 "(each decoded coordinate is a rotated sum of d Skellam "
+                                 "coordinates, near Gaussian)",
+                "wrap_bound_per_round": wrap,
+                "wrap_note": "the wrap-around bound at the cohort bound with the m canaries' "
+                             "residues in the sum (the plan's own bound is without them)"}
+
     @property
     def padded_dim(self) -> int:
         """d, the rotated length (a power of 2): each client sends d residues of ``bits``."""
@@ -342,6 +382,15 @@ class DistributedDpPlan:
         if key not in self.__dict__:  # a frozen dataclass: memoised beside the fields
             self.__dict__[key] = self._build(bits)
         return self.__dict__[key]  # type: ignore[no-any-return]
+
+    def noiseless(self) -> DistributedSkellam:
+        """The clients' encoder without the noise share (an audit's canary clients, modulo
+        2^62 as :meth:`client_input`'s diagnostic; reduced to ``bits`` there)."""
+        return self._noiseless
+
+    @functools.cached_property
+    def _noiseless(self) -> DistributedSkellam:
+        return dataclasses.replace(self.mechanism(MAX_BITS), _noise=False)
 
     def _build(self, bits: int | None) -> DistributedSkellam:
         return DistributedSkellam(
@@ -381,6 +430,19 @@ class DistributedDpPlan:
         (encoded modulo 2^62 from the same draws: the residues are these reduced, bit for
         bit)."""
         wide = self.mechanism(MAX_BITS).encode(update, rng=rng, rotation_seed=rotation_seed)
+        return self._reduce(wide)
+
+    def canary_input(self, vector: np.ndarray, *, rng: Any, rotation_seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """What an audit's canary client sends, as :meth:`client_input` returns it: the same
+        encoder (clip to C, the round's public rotation, scaling, conditional rounding with
+        ``rng``'s coins, the residues modulo 2^bits) with **no** noise share
+        (:mod:`fl_examples.core.canaries`)."""
+        return self._reduce(self.noiseless().encode(vector, rng=rng,
+                                                    rotation_seed=rotation_seed))
+
+    def _reduce(self, wide: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the residues modulo 2^bits, the centred integers) of an encoding modulo 2^62."""
         ints = center_modular(wide, MAX_BITS)
         mask = np.uint64((1 << int(self.bits)) - 1)
         return wide & mask, ints
@@ -388,7 +450,8 @@ class DistributedDpPlan:
     @torch.no_grad()
     def release(self, w: dict[str, torch.Tensor], local: dict[str, torch.Tensor],
                 state: dict[str, Any], generator: Any = None, *, sel: Any, data_round: int,
-                tree: SeedTree, secure: Any = None) -> dict[str, torch.Tensor]:
+                tree: SeedTree, secure: Any = None, canaries: Any = None
+                ) -> dict[str, torch.Tensor]:
         """The new global model from the cohort's local models (rows in ``sel``'s order).
 
         A skipped round (fewer than n_min clients) returns ``w`` unchanged and releases
@@ -396,7 +459,15 @@ class DistributedDpPlan:
         ``secure``, a :class:`privkit.SecureRandom`), the residues are summed modulo
         2^bits (:meth:`DistributedSkellam.secure_sum`), the server decodes over q N and
         steps. ``state["distributed"]`` counts released, skipped and wrapped rounds.
-        ``generator`` (the central mode's noise stream) is not used."""
+        ``generator`` (the central mode's noise stream) is not used.
+
+        ``canaries``: an audit's :class:`~fl_examples.core.canaries.TrainerCanaries`
+        (:func:`fl_examples.core.canaries.for_plan`). In a released round its canaries taking
+        part are encoded by :meth:`canary_input` (no noise share, the canaries' own rounding
+        coins: no client's stream moves) and their residues join the secure sum; they are
+        not survivors (the skip is decided on ``sel`` alone, the divisor is q N) and they
+        are scored from the decoded sum. A skipped round draws, releases and scores
+        nothing."""
         counts = state.setdefault("distributed", {"released": 0, "skipped": 0, "wrapped": 0})
         if self.skips(sel):
             counts["skipped"] += 1
@@ -413,13 +484,23 @@ class DistributedDpPlan:
             y, x = self.client_input(int(c), update, rng=rng, rotation_seed=seed)
             inputs.append(y)
             ints.append(x)
+        survivors = len(inputs)  # the honest cohort: never a canary
+        if canaries is not None:  # an audit's canary clients: encoded, no noise share
+            take = canaries.begin(canaries.releases + 1, self.l2_clip_norm)
+            for row in canaries.rows(take, self.l2_clip_norm):
+                y, x = self.canary_input(row, rng=canaries.coins, rotation_seed=seed)
+                inputs.append(y)
+                ints.append(x)
         total = mech.secure_sum(inputs)
         half = 1 << (int(self.bits) - 1)
         exact = np.sum(ints, axis=0)
         counts["wrapped"] += int(bool(((exact < -half) | (exact >= half)).any()))
         counts["released"] += 1
-        flat = mech.decode(total, survivors=len(inputs), divisor=self.expected_clients,
-                           rotation_seed=seed)
+        # the decoded sum (centred, unscaled, rotated back), then over the public q N
+        total_sum = mech.decode(total, survivors=survivors, divisor=1.0, rotation_seed=seed)
+        if canaries is not None:
+            canaries.observe(total_sum)
+        flat = total_sum / self.expected_clients
         mean, start = {}, 0
         for k in names:
             size = w[k].numel()

@@ -83,12 +83,13 @@ class DPRecConfig:
         eval_client_data: the private algorithms also evaluate on the clients' data (listed
             as not covered by their epsilon).
         audit_canaries: M > 0 plants M white-box canary clients in DP-FedAvg's noisy sums
+            (``distributed``: in its secure sums, encoded like a client without a noise share)
             and audits its run (:mod:`fl_examples.core.canaries`); refused unless dpfedavg runs.
         aggregation: DP-FedAvg's aggregation: ``central`` (the server adds the noise; the
             default when DP-FedAvg runs) or ``distributed`` (each sampled client adds its own
             Skellam noise share and the server learns the sum modulo ``2^secagg_bits`` through
             secure aggregation, :mod:`fl_examples.core.distributed`; zero-out relation, or
-            replace-one with ``relation``; add-remove and canaries refused).
+            replace-one with ``relation``; add-remove refused).
         secagg_bits, min_survivors, colluders: ``distributed`` only: the modulus exponent
             (default :data:`DEFAULT_SECAGG_BITS`), the fewest clients a released sum holds
             (a round with a smaller sample is skipped: nothing released or charged; default
@@ -201,9 +202,6 @@ class DPRecConfig:
             raise InvalidParameterError(
                 "relation", self.relation, "zero-out (unset) or replace-one with --aggregation "
                 "distributed (a client added or removed brings or takes away its noise share)")
-        if self.audit_canaries:
-            raise refusal(self.audit_canaries, "with --aggregation distributed (the canary "
-                          "scores assume the server's Gaussian noise on a float sum)")
         if self.secagg_bits is not None:
             b = _validate.positive_int("secagg_bits", self.secagg_bits)
             if not 2 <= b <= 62:

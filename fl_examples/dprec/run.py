@@ -277,7 +277,8 @@ class _Run(TrainerRun):
             # decodes the modular sum / q N (a sample below min_survivors: skipped, nothing
             # sent); the uplink is bits per rotated coordinate
             self.w = self.plan.release(self.w, local, self.server, sel=sel,  # type: ignore[call-arg]
-                                       data_round=t, tree=self.tree, secure=self.secure)
+                                       data_round=t, tree=self.tree, secure=self.secure,
+                                       canaries=self.canaries)
             self.up += 0 if self.plan.skips(sel) else (  # type: ignore[attr-defined]
                 self.plan.bits * self.plan.padded_dim * len(sel))  # type: ignore[attr-defined]
         elif self.algorithm == "dpfedavg":

@@ -155,12 +155,14 @@ class UpcycledConfig:
         min_separation: ``bandmf`` with ``minsep``: s, data rounds between two participations
             of a client (default: bands).
         audit_canaries: ``client`` only: M > 0 plants M white-box canary clients in the main
-            algorithm's releases and audits the run (:mod:`fl_examples.core.canaries`).
+            algorithm's releases and audits the run (:mod:`fl_examples.core.canaries`;
+            under ``distributed`` encoded like a client, without a noise share, in the secure
+            sum).
         aggregation: ``client`` only: ``central`` (default: DP-FedAvg, the server adds the
             noise) or ``distributed`` (no trusted aggregator: each client adds a Skellam
             noise share and the server learns the sum modulo 2^bits through secure
-            aggregation; :mod:`fl_examples.core.distributed`). Not with ``bandmf``, adaptive
-            clipping or canaries.
+            aggregation; :mod:`fl_examples.core.distributed`). Not with ``bandmf`` or adaptive
+            clipping.
         bits: ``distributed``: the secure sum's modulus exponent (default
             :data:`DEFAULT_BITS`).
         min_survivors: ``distributed``: the fewest clients a released sum may hold; a data
@@ -307,7 +309,7 @@ class UpcycledConfig:
 
     def _check_aggregation(self) -> None:
         """``aggregation`` and the settings only distributed DP uses: refused where they do
-        not apply, with the mechanism, adaptive clipping or canaries they conflict with."""
+        not apply, with the mechanism and adaptive clipping they conflict with."""
         if self.aggregation is None:  # not client level (refused by name there)
             return
         if self.aggregation not in AGGREGATIONS:
@@ -330,12 +332,6 @@ class UpcycledConfig:
                 "adaptive_clip", self.adaptive_clip, "left out (or 0) with --aggregation "
                 "distributed (adaptive clipping's count would need its own secure sum and "
                 "noise shares; the clip norm --clip is fixed)")
-        if self.audit_canaries:
-            from fl_examples.core.canaries import refusal
-
-            raise refusal(self.audit_canaries, "with --aggregation distributed (the canary "
-                          "scores assume the server's Gaussian noise on a float sum; audit "
-                          "the Skellam mechanism with privkit's library tests instead)")
         object.__setattr__(self, "adaptive_clip", 0.0)
         bits = DEFAULT_BITS if self.bits is None else self.bits
         object.__setattr__(self, "bits", _validate.positive_int("bits", bits))

@@ -290,7 +290,8 @@ class _Run(TrainerRun):
                                     sel=sel, data_round=r, canaries=self.canaries)
         elif self.distributed:  # each client's own noise share and stream (skips: no release)
             new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
-                                    sel=sel, data_round=r, tree=self.tree, secure=self.secure)
+                                    sel=sel, data_round=r, tree=self.tree, secure=self.secure,
+                                    canaries=self.canaries)
         else:
             new = self.plan.release(self.w, local, self.server, noise,  # type: ignore[union-attr]
                                     canaries=self.canaries)

@@ -74,7 +74,9 @@ def spy_distributed(mp: pytest.MonkeyPatch, tap: Tap, target: int) -> None:
     real_decode = DistributedSkellam.decode
 
     def release(self: Any, w: Any, local: Any, state: Any, generator: Any = None, *,
-                sel: Any, data_round: int, tree: Any, secure: Any = None) -> Any:
+                sel: Any, data_round: int, tree: Any, secure: Any = None,
+                canaries: Any = None) -> Any:
+        assert canaries is None  # an audit run's canary rows are no client's: not coupled
         tap.ctx.update(ids=[int(c) for c in sel], round=data_round, rows={})
         return real_release(self, w, local, state, generator, sel=sel, data_round=data_round,
                             tree=tree, secure=secure)

@@ -219,7 +219,6 @@ def test_secure_noise_draws_each_share_from_the_os(data):
 @pytest.mark.parametrize("over, name", [
     (dict(mechanism="bandmf"), "aggregation"),
     (dict(adaptive_clip=0.5), "adaptive_clip"),
-    (dict(audit_canaries=10), "audit_canaries"),
     (dict(aggregation="central", bits=16), "bits"),
     (dict(aggregation="central", min_survivors=3), "min_survivors"),
     (dict(aggregation="central", colluders=1), "colluders"),
@@ -253,7 +252,6 @@ def test_cli_refuses_in_one_line_naming_the_flag(tmp_path, capsys):
 @pytest.mark.parametrize("over, name", [
     (dict(aggregation="distributed", relation="add-remove"), "relation"),
     (dict(secagg_bits=16), "secagg_bits"),
-    (dict(aggregation="distributed", audit_canaries=5), "audit_canaries"),
 ])
 def test_dprec_refusals_are_named(over, name):
     with pytest.raises(InvalidParameterError) as err:

@@ -59,6 +59,12 @@ generation, whatever the journal (any number of batches ahead of it), and anyone
 the directory can write a head record and re-hash the journal (``docs/reliability.md``, the
 threat model).
 
+**Modules.** This module writes the head file (:func:`write_head`, :func:`open_for_write`,
+:func:`fsync_dir`, :func:`dir_lock`) and re-exports the rest, so that the journal and the
+ledger reach the head record through it alone: the record's bytes (keys, records, slots,
+reading a file back) are in :mod:`privkit._head_slots`, the judgement (:func:`select`,
+:func:`check`) in :mod:`privkit._head_check`.
+
 Example:
     >>> head = Head(seq=-1, hash="ab" * 32, size=120, header_hash="ab" * 32)
     >>> Head.parse(head.to_bytes(None), None) == head
@@ -70,444 +76,34 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
-import hmac
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Iterator
 
-from privkit.errors import InvalidParameterError, LedgerError
+from privkit._head_check import Problem, Reading, check, select
+from privkit._head_slots import (
+    KEY_ENV,
+    KEY_FILE_ENV,
+    MIN_KEY_BYTES,
+    SCHEMA,
+    SCHEMA_V1,
+    SLOT,
+    Head,
+    HeadFile,
+    HeadUnreadable,
+    Slot,
+    _parse_slot,
+    _slot_bytes,
+    head_path,
+    key_id,
+    load_key,
+    read_file,
+    read_head,
+)
 
 __all__ = ["SCHEMA", "SCHEMA_V1", "KEY_ENV", "KEY_FILE_ENV", "MIN_KEY_BYTES", "Head",
            "HeadFile", "HeadUnreadable", "Problem", "Reading", "Slot", "check", "head_path",
            "load_key", "key_id", "open_for_write", "read_file", "read_head", "select",
            "write_head", "fsync_dir", "dir_lock", "SLOT"]
-
-SCHEMA = "privkit.ledger-head/2"
-"""Schema of the record in each slot this privkit writes (its MAC is the slot's)."""
-SCHEMA_V1 = "privkit.ledger-head/1"
-"""Schema of earlier privkits' records: the one-line layout, and slots of format 1 (the MAC,
-a field of the record, leaves the generation out)."""
-SLOT = 512
-"""Bytes of each of the head file's two slots (one disk sector)."""
-KEY_ENV = "PRIVKIT_LEDGER_KEY"
-"""Environment variable holding the ledger key itself (UTF-8 text)."""
-KEY_FILE_ENV = "PRIVKIT_LEDGER_KEY_FILE"
-"""Environment variable holding the path of a file whose bytes are the ledger key (a trailing
-newline is ignored)."""
-MIN_KEY_BYTES = 16
-_FIELDS = frozenset({"hash", "header_hash", "key_id", "schema", "seq", "size"})
-_FIELDS_V1 = _FIELDS | {"mac"}
-_SLOT_MAC = b"privkit.ledger-head/2 slot\n"
-"""What a slot's MAC input starts with (no other MAC of the key can pass for one)."""
-_encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                           allow_nan=False).encode
-
-
-def head_path(journal: str) -> str:
-    """Where the head record of the journal ``journal`` lives: ``<journal>.head``."""
-    return journal + ".head"
-
-
-# --------------------------------------------------------------------------- keys
-def load_key(key: Any = None) -> bytes | None:
-    """The ledger key: ``key`` (bytes or str) if given, else from the environment, else None.
-
-    Raises:
-        InvalidParameterError: a key shorter than :data:`MIN_KEY_BYTES`, of another type, or
-            both environment variables set.
-        LedgerError: the key file cannot be read (names it).
-    """
-    name = "key"
-    if key is None:
-        text, path = os.environ.get(KEY_ENV), os.environ.get(KEY_FILE_ENV)
-        if text is not None and path is not None:
-            raise InvalidParameterError(KEY_ENV, "(set)", f"unset when {KEY_FILE_ENV} is set "
-                                        "(one source of the ledger key)")
-        if path is not None:
-            try:
-                with open(path, "rb") as f:
-                    key = f.read().rstrip(b"\r\n")
-            except OSError as exc:
-                raise LedgerError(f"{KEY_FILE_ENV}: cannot read the ledger key file {path!r} "
-                                  f"({exc.strerror or exc})") from None
-            name = KEY_FILE_ENV
-        elif text is not None:
-            key, name = text, KEY_ENV
-        else:
-            return None
-    if isinstance(key, str):
-        key = key.encode("utf-8")
-    if not isinstance(key, (bytes, bytearray)):
-        raise InvalidParameterError(name, type(key).__name__, "bytes or a str")
-    if len(key) < MIN_KEY_BYTES:
-        raise InvalidParameterError(name, f"{len(key)} bytes", f"at least {MIN_KEY_BYTES} bytes")
-    return bytes(key)
-
-
-def key_id(key: bytes) -> str:
-    """A public fingerprint of ``key`` (16 hex digits): tells keys apart, reveals nothing."""
-    return hmac.new(key, b"privkit.ledger-head key id", hashlib.sha256).hexdigest()[:16]
-
-
-# ------------------------------------------------------------------------- record
-class HeadUnreadable(Exception):
-    """A head record that is not one this privkit writes (the message says why)."""
-
-
-@dataclass(frozen=True)
-class Head:
-    """The last committed entry of a journal (seq -1: only the header), as recorded.
-
-    ``key_id`` is the fingerprint of the key a record was written with (None: none);
-    ``mac`` only the MAC of a record of :data:`SCHEMA_V1` (a slot of this privkit keeps its
-    MAC in the slot, :class:`Slot`).
-    """
-
-    seq: int
-    hash: str
-    size: int
-    header_hash: str
-    key_id: str | None = None
-    mac: str | None = None
-
-    def _body(self) -> dict[str, Any]:
-        return {"hash": self.hash, "header_hash": self.header_hash, "key_id": self.key_id,
-                "schema": SCHEMA_V1, "seq": self.seq, "size": self.size}
-
-    def _mac(self, key: bytes) -> str:
-        return hmac.new(key, _encode(self._body()).encode("utf-8"), hashlib.sha256).hexdigest()
-
-    def to_bytes(self, key: bytes | None) -> bytes:
-        """The record's line in the one-line layout of earlier privkits (:data:`SCHEMA_V1`),
-        authenticated with ``key`` when one is given. This privkit reads that layout and
-        never writes it (:func:`write_head` writes slots)."""
-        head = replace(self, key_id=None if key is None else key_id(key))
-        fields = head._body() | {"mac": None if key is None else head._mac(key)}
-        return (_encode(fields) + "\n").encode("utf-8")
-
-    def record(self, key: bytes | None) -> bytes:
-        """The record of a slot of this privkit (:data:`SCHEMA`; no MAC in it)."""
-        return _encode({"hash": self.hash, "header_hash": self.header_hash,
-                        "key_id": None if key is None else key_id(key), "schema": SCHEMA,
-                        "seq": self.seq, "size": self.size}).encode("utf-8")
-
-    def verifies(self, key: bytes) -> bool:
-        """Whether the MAC of a :data:`SCHEMA_V1` record is the one ``key`` gives."""
-        return self.mac is not None and hmac.compare_digest(self.mac, self._mac(key))
-
-    def describe(self) -> str:
-        return f"seq {self.seq} (hash {self.hash[:12]}..., {self.size} bytes)"
-
-    @classmethod
-    def parse(cls, data: bytes, path: str | None) -> Head:
-        """The :data:`SCHEMA_V1` record in ``data`` (the MAC is not checked here).
-
-        Raises:
-            HeadUnreadable: not a head record of that schema.
-        """
-        obj = _json_record(data, path, SCHEMA_V1, _FIELDS_V1)
-        if not ((obj["mac"] is None or _is_hex(obj["mac"], 64))
-                and (obj["mac"] is None) == (obj["key_id"] is None)):
-            raise HeadUnreadable(f"{path}: a field of the head record has the wrong type")
-        return cls(obj["seq"], obj["hash"], obj["size"], obj["header_hash"], obj["key_id"],
-                   obj["mac"])
-
-
-def _json_record(data: bytes, path: str | None, schema: str,
-                 fields: frozenset[str]) -> dict[str, Any]:
-    """The JSON object of a head record of ``schema`` with ``fields``, its common fields
-    checked."""
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        raise HeadUnreadable(f"{path}: not a JSON head record") from None
-    if not isinstance(obj, Mapping) or obj.get("schema") != schema or set(obj) != fields:
-        raise HeadUnreadable(f"{path}: not a {schema} record")
-    seq, size = obj["seq"], obj["size"]
-    ok = (all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size))
-          and seq >= -1 and size > 0
-          and all(_is_hex(obj[k], 64) for k in ("hash", "header_hash"))
-          and (obj["key_id"] is None or _is_hex(obj["key_id"], 16)))
-    if not ok:
-        raise HeadUnreadable(f"{path}: a field of the head record has the wrong type")
-    return dict(obj)
-
-
-def _is_hex(value: Any, length: int) -> bool:
-    return (isinstance(value, str) and len(value) == length
-            and all(c in "0123456789abcdef" for c in value))
-
-
-def _slot_mac(key: bytes, body: bytes) -> str:
-    """The MAC of a slot whose record and generation are ``body`` (``record\\tgen``)."""
-    return hmac.new(key, _SLOT_MAC + body, hashlib.sha256).hexdigest()
-
-
-def _checksum(data: bytes) -> bytes:
-    return hashlib.sha256(data).hexdigest()[:32].encode()
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A whole slot of a head file: its place ``index`` (0 or 1), record, generation,
-    ``version`` (2: this privkit's; 1: an earlier privkit's, whose MAC is the record's and
-    leaves the generation out) and, for version 2, its MAC (None: written without a key)
-    and ``body``, the bytes the MAC is of (the record and the generation as written)."""
-
-    index: int
-    head: Head
-    gen: int
-    version: int
-    mac: str | None = None
-    body: bytes = field(default=b"", repr=False)
-
-    def keyed(self) -> bool:
-        """Whether the slot was written with a key."""
-        return self.head.key_id is not None
-
-    def verifies(self, key: bytes) -> bool:
-        """Whether ``key`` authenticates the slot (version 1: its record only)."""
-        if self.version == 1:
-            return self.head.verifies(key)
-        return (self.mac is not None and self.head.key_id == key_id(key)
-                and hmac.compare_digest(self.mac, _slot_mac(key, self.body)))
-
-    def describe(self) -> str:
-        return f"slot {self.index}: {self.head.describe()}, generation {self.gen}"
-
-
-def _slot_bytes(head: Head, gen: int, key: bytes | None) -> bytes:
-    """Slot ``gen % 2`` holding ``head`` at generation ``gen``, MACed with ``key`` if given."""
-    body = head.record(key) + b"\t%d" % gen
-    line = body + b"\t" + (b"-" if key is None else _slot_mac(key, body).encode())
-    line += b"\t" + _checksum(line) + b"\n"
-    if len(line) > SLOT:  # a slot is ~390 bytes; seq and size would need ~60 digits
-        raise LedgerError(f"head record of {len(line)} bytes does not fit a {SLOT}-byte slot")
-    return line + b" " * (SLOT - len(line))
-
-
-def _parse_slot(data: bytes, index: int, path: str | None) -> Slot | str:
-    """The slot in ``data`` (:data:`SLOT` bytes) at place ``index``, or why it is not whole.
-
-    Raises:
-        HeadUnreadable: the slot is whole (its checksum holds) but holds no head record.
-    """
-    line, newline, pad = data.partition(b"\n")
-    parts = line.split(b"\t")
-    if not newline or pad.strip(b" ") or len(parts) not in (3, 4):
-        return "not a slot (cut short, or overwritten)"
-    if not hmac.compare_digest(_checksum(line[:line.rindex(b"\t")]), parts[-1]):
-        return "its checksum fails (cut short, or changed)"
-    record, gen = parts[0], parts[1]
-    if not (gen.isdigit() and len(gen) <= 18 and (gen == b"0" or not gen.startswith(b"0"))):
-        raise HeadUnreadable(f"{path}: slot {index} has no generation number")
-    if len(parts) == 3:  # format 1: record (with its MAC), generation, checksum
-        return Slot(index, Head.parse(record, path), int(gen), 1)
-    obj = _json_record(record, path, SCHEMA, _FIELDS)
-    mac = parts[2].decode("ascii", "replace")
-    if not ((mac == "-") == (obj["key_id"] is None) and (mac == "-" or _is_hex(mac, 64))):
-        raise HeadUnreadable(f"{path}: slot {index} has a malformed MAC")
-    head = Head(obj["seq"], obj["hash"], obj["size"], obj["header_hash"], obj["key_id"])
-    return Slot(index, head, int(gen), 2, None if mac == "-" else mac,
-                record + b"\t" + gen)
-
-
-@dataclass(frozen=True)
-class HeadFile:
-    """What a head file holds: two slots (each a :class:`Slot`, or why it is not whole), or
-    one record in the one-line layout of earlier privkits (``record``)."""
-
-    path: str
-    slots: tuple[Slot | str, Slot | str] | None = None
-    record: Head | None = None
-
-    def whole(self) -> list[Slot]:
-        """The whole slots, by place."""
-        return [s for s in self.slots or () if isinstance(s, Slot)]
-
-    def current(self) -> Head:
-        """The record of the whole slot of the highest generation (of the first, if tied), or
-        the one-line record: what the file says without a key."""
-        whole = self.whole()
-        if not whole:
-            assert self.record is not None
-            return self.record
-        return max(whole, key=lambda s: s.gen).head
-
-
-def read_file(path: str) -> HeadFile | None:
-    """The head file at ``path``, or None if there is none.
-
-    Raises:
-        HeadUnreadable: the file is not a head record, or neither slot is whole.
-        OSError: it cannot be read (a directory, no permission, ...).
-    """
-    try:
-        with open(path, "rb") as f:
-            data = f.read(4096)
-    except FileNotFoundError:
-        return None
-    if len(data) != 2 * SLOT or b"\t" not in data:
-        return HeadFile(path, record=Head.parse(data, path))
-    slots = (_parse_slot(data[:SLOT], 0, path), _parse_slot(data[SLOT:], 1, path))
-    found = HeadFile(path, slots=slots)
-    if not found.whole():
-        raise HeadUnreadable(f"{path}: neither slot of the head record is whole")
-    return found
-
-
-def read_head(path: str) -> Head | None:
-    """The current record of the head file at ``path`` as it reads without a key (the whole
-    slot of the higher generation), or None if there is none.
-
-    Raises:
-        HeadUnreadable: the file is not a head record.
-        OSError: it cannot be read.
-    """
-    found = read_file(path)
-    return None if found is None else found.current()
-
-
-# ------------------------------------------------------------------- judgement
-@dataclass(frozen=True)
-class Problem:
-    """How a journal disagrees with its head record: ``kind`` (a short code: ``missing``,
-    ``unreadable``, ``other``, ``unauthenticated``, ``needs-key``, ``bad-mac``, ``one-line``,
-    ``slots``, ``ambiguous``, ``spoilt``, ``behind``, ``diverged``, ``ahead``, and
-    ``batch-mac`` for a batch of the journal that the key does not authenticate,
-    :mod:`privkit._reopen`) and a one-line ``message``."""
-
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Reading:
-    """What :func:`select` makes of a head file: the current record (None: there is none),
-    a ``problem`` that refuses the file whatever the journal holds (None: none), and
-    ``spoilt``, when a key is set and one slot is not whole, which one and why (the journal
-    must then be ahead of ``head``, :func:`check`)."""
-
-    head: Head | None
-    problem: Problem | None = None
-    spoilt: str | None = None
-
-
-def select(found: HeadFile | None, *, journal: str, key: bytes | None) -> Reading:
-    """The current record of the head file ``found`` (None: there is none) of the journal
-    ``journal``, and whether it is refused before the journal is compared with it.
-
-    Without a key: the whole slot of the higher generation (or the one-line record); refused
-    only when it was written with a key. With one: see the module doc.
-    """
-    where = head_path(journal)
-    if found is None:
-        if key is None:
-            return Reading(None)
-        return Reading(None, Problem("missing", f"{journal}: no head record ({where} is "
-                                     "missing) although a ledger key is set: deleting it "
-                                     "could hide a rollback"))
-    head = found.current()
-    if key is None:
-        if head.key_id is None:
-            return Reading(head)
-        return Reading(head, Problem("needs-key", f"{journal}: the head record {where} is "
-                                     f"authenticated (key id {head.key_id}); set {KEY_ENV} or "
-                                     f"{KEY_FILE_ENV} to open this ledger"))
-    if found.slots is None:
-        what = "carries no MAC" if head.key_id is None else f"key id {head.key_id}"
-        return Reading(head, Problem(
-            "one-line", f"{journal}: the head record {where} is in the one-line layout of an "
-            f"earlier privkit ({head.describe()}, {what}): with a ledger key set it is refused, "
-            "since it has no generation under a MAC and a copy of an older record looks the "
-            "same"))
-    whole = found.whole()
-    for s in whole:
-        if not s.keyed():
-            return Reading(head, Problem(
-                "unauthenticated", f"{journal}: the head record {where} carries no MAC "
-                f"({s.describe()}) although a ledger key is set (written without the key, or "
-                "forged)"))
-        if not s.verifies(key):
-            return Reading(head, Problem(
-                "bad-mac", f"{journal}: the head record {where} does not verify with this "
-                f"ledger key (key id {key_id(key)}; {s.describe()}, key id {s.head.key_id}): "
-                "forged, changed (its generation raised?), or written with another key"))
-    if len(whole) == 1:
-        spoilt = next(f"slot {i} ({why})" for i, why in enumerate(found.slots)
-                      if isinstance(why, str))
-        return Reading(head, spoilt=spoilt)
-    new, old = sorted(whole, key=lambda s: s.gen, reverse=True)
-    both = f"{new.describe()}; {old.describe()}"
-    if new.version != old.version or new.head.header_hash != old.head.header_hash:
-        return Reading(head, Problem(
-            "slots", f"{journal}: the slots of the head record {where} do not belong together "
-            f"({both}; formats {new.version} and {old.version}): privkit never writes such a "
-            "file"))
-    if new.version == 1 and new.head.seq <= old.head.seq:
-        return Reading(head, Problem(
-            "ambiguous", f"{journal}: the head record {where} was written by an earlier privkit "
-            "(slot format 1, generations not under the MAC) and cannot be told from a copy of "
-            f"an older record ({both}: the current one does not name a later entry)"))
-    if new.gen != old.gen + 1 or any(s.index != s.gen % 2 for s in whole):
-        return Reading(head, Problem(
-            "slots", f"{journal}: the slots of the head record {where} do not hold "
-            f"consecutive generations in their places ({both}): privkit never writes such a "
-            "file"))
-    return Reading(head)
-
-
-def check(head: Head | None, *, journal: str, header_hash: str, journal_seq: int,
-          hash_at: Callable[[int], str], size_at: int | None,
-          spoilt: str | None = None, batches_ahead: int | None = None) -> Problem | None:
-    """Whether the journal (``journal_seq``: its last committed entry; ``hash_at(seq)``: the
-    hash of an entry; ``size_at``: its length through the batch that ends at ``head.seq``,
-    None if none does) agrees with the head record ``head`` that :func:`select` chose (None:
-    there is none and none is needed).
-
-    None means it does: the journal holds every committed entry, and perhaps a write more
-    (a crash between the journal's fsync and the head record's). With ``spoilt`` (one slot
-    not whole, a key set) the journal must be ahead of ``head``: that is what a crash
-    leaves, and a journal that ends at ``head`` means the newer record was destroyed. With
-    ``batches_ahead`` (a key set: the number of writes the journal holds after ``head.seq``)
-    it may be one write ahead at most: a crash leaves no more, and a journal further ahead
-    lies beside an older copy of its head record, from which it may have been cut anywhere.
-    """
-    where = head_path(journal)
-    if head is None:
-        return None
-    if head.header_hash != header_hash:
-        return Problem("other", f"{journal}: the head record {where} belongs to another journal "
-                       f"(header hash {head.header_hash[:12]}..., this one {header_hash[:12]}...)")
-    if journal_seq < head.seq:
-        return Problem("behind", f"{journal}: the journal ends at seq {journal_seq} (hash "
-                       f"{hash_at(journal_seq)[:12]}...) but its head record {where} says "
-                       f"{head.describe()} was committed: {head.seq - journal_seq} entries are "
-                       "missing (a deleted batch, a cut, or an older copy of the journal)")
-    if hash_at(head.seq) != head.hash:
-        return Problem("diverged", f"{journal}: entry {head.seq} has hash "
-                       f"{hash_at(head.seq)[:12]}... but its head record {where} says "
-                       f"{head.hash[:12]}...: the journal was rewritten")
-    if size_at != head.size:
-        got = "no batch ending there" if size_at is None else f"{size_at} bytes"
-        return Problem("diverged", f"{journal}: the journal holds {got} through entry "
-                       f"{head.seq} but its head record {where} says {head.size}: the journal "
-                       "was rewritten")
-    if batches_ahead is not None and batches_ahead > 1:
-        return Problem("ahead", f"{journal}: the journal holds {batches_ahead} writes after "
-                       f"the entry its head record {where} names ({head.describe()}); a crash "
-                       "leaves one at most (a batch, or deferred charges written together), so "
-                       "an older copy of the head record was put back (and the journal may "
-                       "have been cut after it)")
-    if spoilt is not None and journal_seq == head.seq:
-        return Problem("spoilt", f"{journal}: {spoilt} of the head record {where} is not whole "
-                       f"and the journal ends at the other slot's record ({head.describe()}): a "
-                       "crash leaves the journal a batch ahead of that record, so the newer "
-                       "record was destroyed (a rollback, or damage to the head file)")
-    return None
 
 
 # -------------------------------------------------------------------------- files

@@ -53,15 +53,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import numbers
 import os
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -73,192 +69,33 @@ from privkit._journal import (
     SCHEMA,
     SCHEMA_KEYED,
     atomic_write_bytes,
-    canonical_json,
     is_int,
     optional,
 )
+from privkit._ledger_args import _client_ids, _created, _now_iso, _one_id
+from privkit._ledger_state import _LedgerState
+from privkit._ledger_values import LedgerPointer, LedgerReport, SpendReceipt, _LazyPrices
 from privkit.accountants.accountant import Method
 from privkit.accountants.budget import States
-from privkit.accountants.rules import Composition, NeighboringRelation, flatten
+from privkit.accountants.rules import Composition, NeighboringRelation
 from privkit.errors import (
     BudgetExceededError,
     InvalidParameterError,
     LedgerCorruptError,
     LedgerError,
-    LedgerMismatchError,
     LedgerRollbackError,
-    PrivkitError,
 )
-from privkit.events import event_from_dict, event_to_dict
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
 else:
     DpEvent = dp_event.DpEvent
 
-__all__ = ["NOISE_READING", "SCHEMA", "SCHEMA_KEYED", "Ledger", "LedgerPointer", "LedgerReport",
-           "SpendReceipt", "atomic_write_bytes"]
+__all__ = ["NOISE_READING", "SCHEMA", "SCHEMA_KEYED", "LedgerPointer", "SpendReceipt",
+           "LedgerReport", "Ledger", "atomic_write_bytes"]
 
 
-@dataclass(frozen=True)
-class LedgerPointer:
-    """(``seq``, ``hash``) of the last ledger entry a state depends on (-1: the header)."""
-
-    seq: int
-    hash: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "hash": self.hash}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LedgerPointer:
-        seq, h = data.get("seq"), data.get("hash")
-        if not (is_int(seq) and isinstance(h, str)):
-            raise InvalidParameterError("pointer", data, "a dict with int 'seq' and str 'hash'")
-        return cls(seq, h)
-
-
-class _LazyPrices:
-    """The epsilons of a receipt's clients, priced on first use (a charge prices nothing)."""
-
-    def __init__(self, ledger: Ledger, states: list[int]) -> None:
-        self._ledger: Ledger | None = ledger
-        self._states = states
-        self._value: np.ndarray | None = None
-
-    def get(self) -> np.ndarray:
-        if self._value is None:
-            assert self._ledger is not None
-            with self._ledger._lock:
-                self._ledger._flush_locked()  # what the ledger tells is durable
-                eps = self._ledger._epsilons_of(self._states)
-            eps.flags.writeable = False
-            self._value, self._ledger = eps, None
-        return self._value
-
-
-@dataclass(frozen=True, eq=False)
-class SpendReceipt:
-    """A charge: durable on disk, or deferred until the ledger's next sync (:attr:`durable`).
-
-    Attributes:
-        seq: the highest seq of the charge (the release must carry it); ``hash`` its hash.
-        first_seq: the seq of the charge's first entry.
-        client_ids: the clients charged, in entry order.
-        epsilons: their epsilons after the charge (read-only array), priced when first read
-            (a charge itself does not price the clients' compositions).
-        durable: whether the charge is written and fsynced. ``hash``, ``pointer`` and
-            ``epsilons`` of a deferred charge sync the ledger first (a hash is known once
-            its write is).
-    """
-
-    seq: int
-    first_seq: int
-    client_ids: tuple[str, ...]
-    _prices: _LazyPrices = field(repr=False)
-    _staged: _journal.Staged = field(repr=False)
-    _ledger: Ledger = field(repr=False)
-
-    @property
-    def durable(self) -> bool:
-        return self._staged.hashes is not None
-
-    @property
-    def hash(self) -> str:
-        if self._staged.hashes is None:
-            self._ledger.sync()
-        if self._staged.hashes is None:  # dropped: the ledger could not write it
-            raise LedgerError("the charge was never written (its write failed); nothing "
-                              "derived from its release may be published")
-        return self._staged.hashes[-1]
-
-    @property
-    def epsilons(self) -> np.ndarray:
-        return self._prices.get()
-
-    @property
-    def pointer(self) -> LedgerPointer:
-        return LedgerPointer(self.seq, self.hash)
-
-
-@dataclass(frozen=True, eq=False)
-class LedgerReport:
-    """Replayed per-client epsilon upper bounds at ``delta`` under ``method``.
-
-    ``epsilons`` (read-only) is aligned with ``client_ids`` (0 if never charged);
-    ``mean`` and ``max`` are 0 when there are no clients; ``head`` is the last
-    entry reflected.
-    """
-
-    client_ids: tuple[str, ...]
-    epsilons: np.ndarray
-    mean: float
-    max: float
-    method: Method
-    delta: float
-    epsilon_budget: float | None
-    head: LedgerPointer
-
-
-# -------------------------------------------------------------- validation
-def _one_id(value: Any) -> str:
-    if isinstance(value, str) and value:
-        try:
-            value.encode("utf-8")
-            return str(value)
-        except UnicodeEncodeError:
-            pass
-    elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-        return str(int(value))
-    raise InvalidParameterError("client_ids", value, "made of non-empty strings or integers")
-
-
-def _client_ids(value: Any, *, unique: bool = False) -> list[str]:
-    if isinstance(value, (str, numbers.Integral)):
-        ids = [_one_id(value)]
-    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
-        ids = [_one_id(v) for v in value]
-    else:
-        raise InvalidParameterError("client_ids", value, "a client id or a sequence of them")
-    if not ids:
-        raise InvalidParameterError("client_ids", value, "non-empty")
-    if unique and len(set(ids)) != len(ids):
-        dup = next(c for c, n in Counter(ids).items() if n > 1)
-        raise InvalidParameterError("client_ids", dup, "free of duplicates within one spend")
-    return ids
-
-
-def _created(value: Any) -> str:
-    """``value`` if it is an ISO-8601 UTC timestamp with a time (as :func:`_now_iso` writes),
-    else :class:`InvalidParameterError` naming ``created``."""
-    when = None
-    if isinstance(value, str) and "T" in value:
-        try:
-            when = datetime.fromisoformat(value)
-        except ValueError:
-            pass
-    if when is None or when.utcoffset() != timedelta(0):
-        raise InvalidParameterError("created", value, "an ISO-8601 UTC timestamp such as "
-                                    "'2024-01-01T00:00:00+00:00' (or None: now)")
-    return str(value)
-
-
-def _now_iso() -> str:
-    """Now (UTC, seconds), or ``SOURCE_DATE_EPOCH`` when set: deterministic runs then write
-    byte-identical ledgers (the header's time is the only wall-clock field)."""
-    fixed = os.environ.get("SOURCE_DATE_EPOCH")
-    if fixed is not None:
-        try:
-            when = datetime.fromtimestamp(int(fixed), timezone.utc)
-        except (ValueError, OverflowError, OSError):
-            raise InvalidParameterError("SOURCE_DATE_EPOCH", fixed,
-                                        "an integer number of seconds since 1970") from None
-        return when.isoformat(timespec="seconds")
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# ------------------------------------------------------------------ ledger
-class Ledger:
+class Ledger(_LedgerState):
     """Append-only per-client privacy ledger of one population.
 
     Start one with :meth:`create` (``path=None``: in memory, never persisted)
@@ -425,86 +262,6 @@ class Ledger:
                             f"reason {reason!r})")
         _reopen.log.warning("%s: %s", ledger.path, ledger.head_note)
         return ledger
-
-    def _replay(self, e: dict[str, Any], lineno: int) -> None:
-        """Apply one spend entry that :meth:`open` verified (all but its event)."""
-        cid, count = e["client_id"], e["count"]
-        key = (canonical_json(e["event"]), count)
-        did = self._deltas.get(key)
-        if did is None:
-            try:
-                comp = flatten(event_from_dict(e["event"]), count)
-            except PrivkitError as exc:
-                raise _journal.corrupt(self.path, lineno, f"bad event: {exc}") from None
-            did = self._deltas[key] = self._states.add_delta(comp, check=False)
-        i = self._index.get(cid, -1)
-        new = self._states.next(self._state[i] if i >= 0 else 0, did)
-        self._record(cid, i, new, _journal.eps_after(e))
-
-    # ------------------------------------------------------------- state
-    def _record(self, cid: str, i: int, state: int, eps: float | None) -> None:
-        if i < 0:
-            self._index[cid] = len(self._ids)
-            self._ids.append(cid)
-            self._state.append(state)
-            self._cached.append(eps)
-        else:
-            self._state[i], self._cached[i] = state, eps
-
-    def _state_of(self, cid: str) -> int:
-        i = self._index.get(cid, -1)
-        return self._state[i] if i >= 0 else 0
-
-    def _epsilons_of(self, states: list[int]) -> np.ndarray:
-        return self._states.prices(states)
-
-    def _event_of(self, event: Any) -> Any:
-        """``event`` itself, or a mechanism's event for this ledger's relation.
-
-        A privkit mechanism (``.event()`` and ``.neighboring_relation``) may be charged in
-        place of its event: one whose ``event`` takes a relation is priced under the ledger's;
-        one whose sensitivity holds for another relation only is refused, rather than charged
-        under a relation its sensitivity is not for.
-        """
-        if isinstance(event, DpEvent):
-            return event
-        make, rel = getattr(event, "event", None), getattr(event, "neighboring_relation", None)
-        if not callable(make) or not isinstance(rel, NeighboringRelation):
-            return event  # refused below, named
-        import inspect
-
-        try:
-            takes = "neighboring_relation" in inspect.signature(make).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if takes:
-            return make(neighboring_relation=self.neighboring_relation)
-        if rel != self.neighboring_relation:
-            raise InvalidParameterError(
-                "event", type(event).__name__,
-                f"a mechanism whose sensitivity is for the ledger's relation "
-                f"{self.neighboring_relation.name} (it is for {rel.name}): create the ledger "
-                f"with neighboring_relation={rel.name}")
-        return make()
-
-    def _event_delta(self, event: Any, count: Any) -> tuple[str, int]:
-        """Validate ``event`` and ``count``; return the event's canonical JSON and delta id."""
-        event = self._event_of(event)
-        if not isinstance(event, DpEvent):
-            raise InvalidParameterError("event", event, "a dp_accounting DpEvent")
-        count = _validate.positive_int("count", count)
-        try:
-            ev_json = canonical_json(event_to_dict(event))
-        except (TypeError, ValueError):
-            flatten(event, count)  # raises naming the bad field, if it can
-            raise InvalidParameterError("event", event, "made of JSON data") from None
-        did = self._deltas.get((ev_json, count))
-        if did is None:
-            if event_from_dict(json.loads(ev_json)) != event:
-                raise InvalidParameterError("event", event, "one that round-trips through JSON")
-            did = self._states.add_delta(flatten(event, count))
-            self._deltas[(ev_json, count)] = did
-        return ev_json, did
 
     # ---------------------------------------------------------- charging
     def would_exceed(self, client_ids: Any, event: DpEvent, count: int = 1) -> np.ndarray:
@@ -705,12 +462,6 @@ class Ledger:
             if last:
                 self.sync()
 
-    def _flush_locked(self) -> None:
-        """Write the deferred charges (the lock held)."""
-        if self._journal.staged_entries:
-            self._journal.check_usable()
-            self._journal.flush()
-
     # ---------------------------------------------------------- pointers
     def head(self) -> LedgerPointer:
         """Pointer to the last entry (seq -1 and the header's hash when there is none), after
@@ -792,15 +543,6 @@ class Ledger:
                 raise LedgerCorruptError(f"{self.path}: entries after seq {seq} are missing "
                                          "on disk")
             return out
-
-    def _check_pointer(self, pointer: LedgerPointer) -> None:
-        seq, head = pointer.seq, self._journal.head_seq
-        if not (is_int(seq) and -1 <= seq <= head):
-            raise LedgerMismatchError(f"pointer seq {seq!r} is not in this ledger (head seq "
-                                      f"{head}): the state depends on a missing entry")
-        if not (isinstance(pointer.hash, str) and self._journal.hash_at(seq) == pointer.hash):
-            raise LedgerMismatchError(f"ledger entry {seq} has another hash than the pointer: "
-                                      "another ledger, or a rewritten one")
 
     # ----------------------------------------------------------- reports
     @property

@@ -10,6 +10,13 @@ touches ``--out``, so a bad option never changes the output directory.
 :func:`fl_examples.cli.add_train_parser` finds the modules here by name; adding a trainer
 command means adding a module, nothing else. Every command also gets ``--threads`` (torch CPU
 threads, default :data:`fl_examples.cli.DEFAULT_THREADS`, one).
+
+A flag that means the same in several trainers is declared here once, with its help, default
+and check: ``--checkpoint-every``, ``--resume`` and ``--out`` (:func:`add_out_arguments`), the
+torch trainers' ``--device`` (:func:`add_device`), distributed DP's ``--min-survivors`` and
+``--colluders`` (:func:`add_survivor_arguments`); :func:`run_options` and
+:func:`survivor_options` check their values for the configuration, and :func:`finish` prints
+a finished run. A flag whose meaning or default differs per trainer stays in its module.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from typing import Any
 
 __all__ = ["OUT_HELP", "command_modules", "default_out", "nonnegative_int", "positive_int",
            "VOCABULARY", "noted", "split_algorithms", "run_prepared", "epsilon_target",
-           "MAX_EPSILON_TARGET", "audit_canaries"]
+           "MAX_EPSILON_TARGET", "audit_canaries", "DEVICE_HELP", "RESUME_HELP",
+           "add_device", "add_out_arguments", "add_survivor_arguments", "run_options",
+           "survivor_options", "finish"]
 
 #: The largest ``--noise-for-epsilon`` any trainer calibrates to: ln of the largest double.
 #: Above it e^epsilon, which every (epsilon, delta) bound multiplies by, is not a finite
@@ -52,6 +61,84 @@ VOCABULARY = {
 OUT_HELP = ("output directory (report.json, plots, ledgers, checkpoints); new or empty unless "
             "--resume or --overwrite (default: runs/<trainer>-<local time>, a new directory; "
             "--resume needs it given)")
+
+#: The ``--resume`` help every trainer command shares (:func:`fl_examples.core.run.drive`).
+RESUME_HELP = ("continue from OUT's checkpoints and ledgers (with the same settings; charges a "
+               "crash left after the last checkpoint are adopted, never made twice)")
+
+#: The ``--device`` help of the torch trainers (scfl computes in numpy: its own ``--device``).
+DEVICE_HELP = "auto | cpu | cuda[:N] (auto: CUDA when available)"
+
+
+def add_device(p: Any) -> None:
+    """``--device`` of a torch trainer: :data:`DEVICE_HELP`, default ``auto``."""
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def add_out_arguments(p: Any, *, unit: str, at_end: bool = False) -> None:
+    """``--checkpoint-every`` (N ``unit``, the trainer's counted steps; ``at_end``: the
+    trainer also checkpoints the end of its run), ``--resume`` and ``--out``, in that order.
+    :func:`run_options` checks ``--checkpoint-every``; :func:`fl_examples.cli.run_train`
+    prepares ``--out``."""
+    end = " (and at the end)" if at_end else ""
+    p.add_argument("--checkpoint-every", type=float, default=0,
+                   help=f"checkpoint every N {unit}{end} into OUT/checkpoints/<algorithm> "
+                        "(0: never)")
+    p.add_argument("--resume", action="store_true", help=RESUME_HELP)
+    p.add_argument("--out", default=None, help=OUT_HELP)
+
+
+def add_survivor_arguments(p: Any) -> None:
+    """``--min-survivors`` and ``--colluders`` of distributed DP (``--aggregation
+    distributed``: :mod:`fl_examples.core.distributed`); checked by
+    :func:`survivor_options`."""
+    p.add_argument("--min-survivors", type=float, default=None,
+                   help="distributed: the fewest clients a released sum may hold (the noise "
+                        "shares are calibrated for that many); a data round with a smaller "
+                        "cohort is skipped, releasing and charging nothing (default: the "
+                        "largest n with P(cohort < n) <= 1%%; every client at --client-rate 1)")
+    p.add_argument("--colluders", type=float, default=None,
+                   help="distributed: clients that may collude with the server (their noise "
+                        "shares are not counted; default 0)")
+
+
+def run_options(args: Any) -> dict[str, Any]:
+    """The configuration's settings every trainer takes alike from its flags, checked:
+    ``seed`` and ``checkpoint_every`` (integers >= 0), ``secure_noise``, ``eval_client_data``
+    and ``audit_canaries`` (:func:`audit_canaries`)."""
+    return {"seed": nonnegative_int("seed", args.seed),
+            "checkpoint_every": nonnegative_int("checkpoint_every", args.checkpoint_every),
+            "secure_noise": args.secure_noise, "eval_client_data": args.eval_client_data,
+            "audit_canaries": audit_canaries(args)}
+
+
+def survivor_options(args: Any) -> dict[str, Any]:
+    """``min_survivors`` (an integer >= 1) and ``colluders`` (>= 0), None where not given
+    (:func:`add_survivor_arguments`)."""
+    return {"min_survivors": None if args.min_survivors is None
+            else positive_int("min_survivors", args.min_survivors),
+            "colluders": None if args.colluders is None
+            else nonnegative_int("colluders", args.colluders)}
+
+
+def finish(args: Any, res: dict[str, Any], summary: Callable[[dict[str, Any]], dict[str, Any]],
+           table: Callable[[dict[str, Any]], str], footer: str | None, **dumps: Any) -> int:
+    """Print the result ``res`` of a finished run: with ``--json``, ``summary(res)`` and the
+    audit block (when there is one) as one JSON object (``dumps``: :func:`json.dumps`'
+    options), else ``table(res)`` then ``footer`` (None: nothing more). Returns the exit
+    status (:func:`fl_examples.core.canaries.audit_exit`)."""
+    import json
+
+    from fl_examples.core.canaries import audit_exit
+
+    if args.json:
+        print(json.dumps(summary(res) | ({"audit": res["audit"]} if "audit" in res else {}),
+                         **dumps))
+    else:
+        print(table(res))
+        if footer is not None:
+            print(footer)
+    return audit_exit(res.get("audit"), as_json=args.json)
 
 
 def default_out(trainer: str, now: float | None = None) -> str:

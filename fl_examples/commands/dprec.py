@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from fl_examples.commands import (
-    OUT_HELP,
-    audit_canaries,
+    add_device,
+    add_out_arguments,
+    add_survivor_arguments,
     epsilon_target,
+    finish,
     nonnegative_int,
     noted,
     positive_int,
+    run_options,
     run_prepared,
     split_algorithms,
+    survivor_options,
 )
 
 NAME = "dprec"
@@ -94,25 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secagg-bits", type=float, default=None,
                    help="distributed: the secure sum's modulus 2^bits (default 20; --bits is "
                         "DP-REC's)")
-    p.add_argument("--min-survivors", type=float, default=None,
-                   help="distributed: the fewest clients a released sum may hold; a round with "
-                        "a smaller sample is skipped, releasing and charging nothing (default: "
-                        "the largest n with P(sample < n) <= 1%%)")
-    p.add_argument("--colluders", type=float, default=None,
-                   help="distributed: clients that may collude with the server (their noise "
-                        "shares are not counted; default 0)")
+    add_survivor_arguments(p)
     p.add_argument("--no-history-compression", action="store_true",
                    help="always send the full model downlink")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    add_device(p)
     p.add_argument("--seed", type=float, default=0,
                    help="root of the seed tree (data split, sampling, batches, noise)")
     p.add_argument("--eval-every", type=float, default=5, help="rounds between evaluations")
-    p.add_argument("--checkpoint-every", type=float, default=0,
-                   help="checkpoint every N rounds (and at the end) into OUT/checkpoints "
-                        "(0: never)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from OUT's checkpoints and ledgers (same settings)")
-    p.add_argument("--out", default=None, help=OUT_HELP)
+    add_out_arguments(p, unit="rounds", at_end=True)
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
@@ -142,18 +134,12 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         epsilon=args.noise_for_epsilon, epsilon_budget=args.epsilon_budget,
         dpfedavg_noise=args.noise_multiplier, relation=args.relation,
         history_compression=False if args.no_history_compression else None,
-        device=args.device, secure_noise=args.secure_noise,
-        eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
-        aggregation=args.aggregation,
+        device=args.device, aggregation=args.aggregation,
         secagg_bits=None if args.secagg_bits is None else positive_int(
             "secagg_bits", args.secagg_bits),
-        min_survivors=None if args.min_survivors is None else positive_int(
-            "min_survivors", args.min_survivors),
-        colluders=None if args.colluders is None else nonnegative_int(
-            "colluders", args.colluders),
-        seed=nonnegative_int("seed", args.seed),
+        **survivor_options(args),
         eval_every=positive_int("eval_every", args.eval_every),
-        checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
+        **run_options(args),
     )
     epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
@@ -179,17 +165,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]) -> int:
-    from fl_examples.core.canaries import audit_exit
     from fl_examples.dprec import final_table, train
 
     res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
-    if args.json:
-        print(json.dumps({n: {"final": r["history"][-1], "communication": r["communication"],
-                              "privacy": {k: v for k, v in r["privacy"].items()
-                                          if k not in ("per_client", "epsilon_per_round")}}
-                          for n, r in res["algorithms"].items()}
-                         | ({"audit": res["audit"]} if "audit" in res else {})))
-    else:
-        print(final_table(res))
-        print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
-    return audit_exit(res.get("audit"), as_json=args.json)
+    return finish(args, res, _summary, final_table,
+                  f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    """``--json``: each algorithm's final evaluation, communication and privacy (without the
+    per-client and per-round lists)."""
+    return {n: {"final": r["history"][-1], "communication": r["communication"],
+                "privacy": {k: v for k, v in r["privacy"].items()
+                            if k not in ("per_client", "epsilon_per_round")}}
+            for n, r in res["algorithms"].items()}

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from fl_examples.commands import (
-    OUT_HELP,
-    audit_canaries,
+    add_device,
+    add_out_arguments,
     epsilon_target,
+    finish,
     nonnegative_int,
     noted,
     positive_int,
+    run_options,
     run_prepared,
 )
 
@@ -119,15 +120,8 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
                    help="an extra training-loss target for the updates-to-loss comparison")
     u.add_argument("--naive", action="store_true",
                    help="compute uploads one at a time (the reference path; slower)")
-    u.add_argument("--device", default="auto",
-                   help="auto (CUDA when available, as in every trainer) | cpu | cuda[:N]")
-    u.add_argument("--checkpoint-every", type=float, default=0,
-                   help="checkpoint every N applied updates (and at the end) into "
-                        "OUT/checkpoints/<algorithm> (0: never)")
-    u.add_argument("--resume", action="store_true",
-                   help="continue from OUT's checkpoints and ledgers (charges a crash left "
-                        "after the last checkpoint are adopted, never made twice)")
-    u.add_argument("--out", default=None, help=OUT_HELP)
+    add_device(u)
+    add_out_arguments(u, unit="applied updates", at_end=True)
     u.add_argument("--json", action="store_true", help="print the final results as JSON")
 
 
@@ -191,16 +185,13 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         audp_clip=4.0 if args.audp_clip is None else args.audp_clip,
         asgd_sigma=args.asgd_sigma, speed_dist=args.speed_dist, link_dist=args.link_dist,
         compute_time_s=args.compute_time, link_time_s=args.link_time,
-        cloud_time_s=args.cloud_time, jitter=args.jitter, seed=nonnegative_int("seed", args.seed),
+        cloud_time_s=args.cloud_time, jitter=args.jitter,
         eval_every=positive_int("eval_every", args.eval_every),
         epsilon_budget=args.epsilon_budget, target_loss=args.target_loss, device=args.device,
         batched=not args.naive, batch_sampler=args.batch_sampler,
         amplification=args.amplification,
-        checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
         noise_multiplier=args.noise_multiplier, noise_for_epsilon=args.noise_for_epsilon,
-        clip=args.clip, step_schedule=args.step_schedule, lr=args.lr,
-        secure_noise=args.secure_noise, eval_client_data=args.eval_client_data,
-        audit_canaries=audit_canaries(args),
+        clip=args.clip, step_schedule=args.step_schedule, lr=args.lr, **run_options(args),
     )
     epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     check_edges_spec(cfg.dataset, edges=cfg.edges, seed=cfg.seed)
@@ -212,24 +203,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any, algorithms: tuple[str, ...]) -> int:
-    from fl_examples.core.canaries import audit_exit
     from fl_examples.mapa import final_table, train
 
     res = train(cfg, algorithms=algorithms, out=args.out, resume=args.resume)
-    if args.json:
-        summary = {}
-        for name, r in res["algorithms"].items():
-            entry = {"final": r["history"][-1], "updates": r["updates"],
-                     "staleness_mean": r["staleness_mean"], "staleness_max": r["staleness_max"]}
-            if "privacy" in r:
-                entry["privacy"] = {k: v for k, v in r["privacy"].items()
-                                    if k not in ("per_edge", "uploads_per_edge",
-                                                 "per_edge_unamplified")}
-            summary[name] = entry
-        print(json.dumps({"algorithms": summary, "comparison": res["comparison"]}
-                         | ({"audit": res["audit"]} if "audit" in res else {})))
-    else:
-        print(final_table(res))
-        print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png, "
-              "staleness.png" + (", schedule.png" if "mapa" in res["algorithms"] else ""))
-    return audit_exit(res.get("audit"), as_json=args.json)
+    return finish(args, res, _summary, final_table,
+                  f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png, "
+                  "staleness.png" + (", schedule.png" if "mapa" in res["algorithms"] else ""))
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    """``--json``: each algorithm's final evaluation, updates, staleness and privacy (without
+    the per-edge lists), and the comparison."""
+    summary = {}
+    for name, r in res["algorithms"].items():
+        entry = {"final": r["history"][-1], "updates": r["updates"],
+                 "staleness_mean": r["staleness_mean"], "staleness_max": r["staleness_max"]}
+        if "privacy" in r:
+            entry["privacy"] = {k: v for k, v in r["privacy"].items()
+                                if k not in ("per_edge", "uploads_per_edge",
+                                             "per_edge_unamplified")}
+        summary[name] = entry
+    return {"algorithms": summary, "comparison": res["comparison"]}

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from fl_examples.commands import (
-    OUT_HELP,
-    audit_canaries,
+    add_out_arguments,
     epsilon_target,
-    nonnegative_int,
+    finish,
     noted,
     positive_int,
+    run_options,
     run_prepared,
 )
 
@@ -105,10 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the data, the coding and every draw (reproducible unless "
                         "--secure-coding)")
     p.add_argument("--eval-every", type=float, default=1, help="evaluate every N epochs")
-    p.add_argument("--checkpoint-every", type=float, default=0,
-                   help="checkpoint every N epochs into OUT/checkpoints (0: never)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
-    p.add_argument("--out", default=None, help=OUT_HELP)
+    add_out_arguments(p, unit="epochs")
     p.add_argument("--json", action="store_true", help="print the final results as JSON")
 
 
@@ -136,14 +132,10 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         batch_sampling=_batch_sampling(args), lr=args.lr, l2_reg=args.l2_reg,
         rounds=positive_int("rounds", args.rounds), time_budget=args.time_budget,
         psi=args.psi, makeup=not args.no_makeup, output=args.output,
-        seed=nonnegative_int("seed", args.seed),
         eval_every=positive_int("eval_every", args.eval_every),
-        checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
-        secure_coding=args.secure_coding, secure_noise=args.secure_noise,
-        eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
-        gradient_noise_multiplier=args.noise_multiplier,
+        secure_coding=args.secure_coding, gradient_noise_multiplier=args.noise_multiplier,
         gradient_noise_for_epsilon=args.noise_for_epsilon,
-        gradient_clip=args.clip, delta=args.delta)
+        gradient_clip=args.clip, delta=args.delta, **run_options(args))
     epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     _check_methods(args.algorithms)
     _check_digits(cfg)
@@ -190,20 +182,20 @@ def _check_digits(cfg: Any) -> None:
 
 
 def _run(args: argparse.Namespace, cfg: Any) -> int:
-    from fl_examples.core.canaries import audit_exit
     from fl_examples.core.report import is_quiet
     from fl_examples.scfl import final_table, train
 
     res = train(cfg, algorithms=args.algorithms, out=args.out, resume=args.resume)
-    if args.json:
-        print(json.dumps({n: {"final": r["history"][-1], "privacy": r.get("privacy"),
-                              "time_to_fl_pma_final_loss_s": r["time_to_fl_pma_final_loss_s"],
-                              "mean_arrivals": (sum(r["arrivals_per_round"])
-                                                / max(len(r["arrivals_per_round"]), 1))}
-                          for n, r in res["algorithms"].items()}
-                         | ({"audit": res["audit"]} if "audit" in res else {}), default=str))
-    else:
-        print(final_table(res))
-        if not is_quiet():
-            print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
-    return audit_exit(res.get("audit"), as_json=args.json)
+    return finish(args, res, _summary, final_table, None if is_quiet() else
+                  f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png",
+                  default=str)
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    """``--json``: each method's final evaluation, privacy, time to FL-PMA's final loss and
+    mean arrivals per round."""
+    return {n: {"final": r["history"][-1], "privacy": r.get("privacy"),
+                "time_to_fl_pma_final_loss_s": r["time_to_fl_pma_final_loss_s"],
+                "mean_arrivals": (sum(r["arrivals_per_round"])
+                                  / max(len(r["arrivals_per_round"]), 1))}
+            for n, r in res["algorithms"].items()}

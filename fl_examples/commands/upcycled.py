@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from fl_examples.commands import (
-    OUT_HELP,
-    audit_canaries,
+    add_device,
+    add_out_arguments,
+    add_survivor_arguments,
     epsilon_target,
+    finish,
     nonnegative_int,
     noted,
     positive_int,
+    run_options,
     run_prepared,
     split_algorithms,
+    survivor_options,
 )
 
 DATASET_HELP = (
@@ -67,15 +70,11 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("--compare", default=None, help=argparse.SUPPRESS)
     u.add_argument("--algorithm", default=None, choices=["upcycled", "fedprox", "fedavg"],
                    help=argparse.SUPPRESS)
-    u.add_argument("--device", default="auto",
-                   help="auto | cpu | cuda[:N] (auto: cuda when available)")
+    add_device(u)
     u.add_argument("--seed", type=float, default=0,
                    help="seed of the data, the model and every draw (the run is reproducible)")
     u.add_argument("--eval-every", type=float, default=1, help="evaluate every N iterations")
-    u.add_argument("--checkpoint-every", type=float, default=0,
-                   help="checkpoint every N iterations into OUT/checkpoints (0: never)")
-    u.add_argument("--resume", action="store_true", help="continue from OUT's checkpoints")
-    u.add_argument("--out", default=None, help=OUT_HELP)
+    add_out_arguments(u, unit="iterations")
     p = u.add_argument_group("privacy (odd iterations only; even ones are post-processing)")
     p.add_argument("--privacy", default="none",
                    choices=["none", "output", "objective", "client", "record"],
@@ -138,14 +137,7 @@ def add_arguments(u: argparse.ArgumentParser) -> None:
     p.add_argument("--bits", "--secagg-bits", type=float, default=None,
                    action=noted("--bits"),
                    help="distributed: the secure sum's modulus 2^bits (default 20)")
-    p.add_argument("--min-survivors", type=float, default=None,
-                   help="distributed: the fewest clients a released sum may hold (the noise "
-                        "shares are calibrated for that many); a data round with a smaller "
-                        "cohort is skipped, releasing and charging nothing (default: the "
-                        "largest n with P(cohort < n) <= 1%%; every client at --client-rate 1)")
-    p.add_argument("--colluders", type=float, default=None,
-                   help="distributed: clients that may collude with the server (their noise "
-                        "shares are not counted; default 0)")
+    add_survivor_arguments(p)
     p.add_argument("--sigma", type=float, default=None,
                    help="output noise stddev (absolute; default 1)")
     p.add_argument("--alpha", type=float, default=None,
@@ -189,10 +181,8 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
         fraction=args.fraction, stragglers=args.stragglers,
         local_epochs=nonnegative_int("epochs", args.epochs),
         batch_size=nonnegative_int("batch_size", args.batch_size),
-        lr=args.lr, momentum=args.momentum, seed=nonnegative_int("seed", args.seed),
-        device=args.device,
+        lr=args.lr, momentum=args.momentum, device=args.device,
         eval_every=nonnegative_int("eval_every", args.eval_every),
-        checkpoint_every=nonnegative_int("checkpoint_every", args.checkpoint_every),
         privacy=args.privacy, sensitivity=args.sensitivity, l2_clip_norm=args.clip,
         stddev=args.sigma, alpha=args.alpha, lipschitz=args.lipschitz,
         feature_norm=args.feature_norm, delta=args.delta,
@@ -206,14 +196,10 @@ def prepare(args: argparse.Namespace) -> Callable[[], int]:
             "min_separation", args.min_separation),
         aggregation=args.aggregation,
         bits=None if args.bits is None else positive_int("bits", args.bits),
-        min_survivors=None if args.min_survivors is None else positive_int(
-            "min_survivors", args.min_survivors),
-        colluders=None if args.colluders is None else nonnegative_int(
-            "colluders", args.colluders),
+        **survivor_options(args),
         epsilon_budget=args.epsilon_budget, allow_unproven=args.allow_unproven,
         noise_for_epsilon=args.noise_for_epsilon, noise_target=args.noise_target,
-        baseline_iterations=args.baseline_iterations, secure_noise=args.secure_noise,
-        eval_client_data=args.eval_client_data, audit_canaries=audit_canaries(args),
+        baseline_iterations=args.baseline_iterations, **run_options(args),
     )
     epsilon_target("noise_for_epsilon", args.noise_for_epsilon)
     main, compare = split_algorithms(args.algorithms, args.algorithm, args.compare,
@@ -227,22 +213,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any, main: str, compare: tuple[str, ...]) -> int:
-    from fl_examples.core.canaries import audit_exit
     from fl_examples.core.report import is_quiet
     from fl_examples.upcycled import final_table, train
 
     res = train(cfg, compare=compare, out=args.out, resume=args.resume, algorithm=main)
-    if args.json:
-        print(json.dumps({n: r["history"][-1] | ({"privacy": {k: v for k, v in r["privacy"].items()
-                                                              if k != "per_client"}}
-                                                 if "privacy" in r else {})
-                          for n, r in res["algorithms"].items()}
-                         | ({"audit": res["audit"]} if "audit" in res else {})))
-    else:
-        print(final_table(res))
-        if not is_quiet():
-            print(f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
-    return audit_exit(res.get("audit"), as_json=args.json)
+    return finish(args, res, _summary, final_table, None if is_quiet() else
+                  f"\nreport: {args.out}/report.json  plots: {args.out}/curves_vs_*.png")
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    """``--json``: each algorithm's final evaluation and privacy (without the per-client
+    list)."""
+    return {n: r["history"][-1] | ({"privacy": {k: v for k, v in r["privacy"].items()
+                                                if k != "per_client"}}
+                                   if "privacy" in r else {})
+            for n, r in res["algorithms"].items()}
 
 
 def with_clients(spec: str, clients: float | None) -> str:

@@ -91,6 +91,7 @@ from privkit.mechanisms.distributed import MAX_BITS, DistributedSkellam, center_
 
 __all__ = ["DistributedDpPlan", "distributed_plan", "default_min_survivors", "released_rate",
            "cohort_bound", "granularity_for_noise", "rotation_seed", "AGGREGATIONS",
+           "check_aggregation",
            "SKIP_RATE", "COHORT_TAIL", "MAX_WRAP", "NOISE_STREAM", "ROTATION_STREAM"]
 
 #: ``--aggregation``: ``central`` (DP-FedAvg, a trusted aggregator adds the noise) or
@@ -115,6 +116,26 @@ def _binom() -> Any:
     from scipy.stats import binom
 
     return binom
+
+
+def check_aggregation(aggregation: str | None, only_distributed: dict[str, Any]) -> bool:
+    """``--aggregation`` (None: left out, as ``central``) is one of :data:`AGGREGATIONS`, and
+    the settings only distributed DP uses (``only_distributed``, name -> value; None: not
+    given) are given with ``distributed`` alone, else an error naming the first. Returns
+    whether the aggregation is distributed.
+
+    Example:
+        >>> check_aggregation("central", {"min_survivors": None})
+        False
+    """
+    if aggregation is not None and aggregation not in AGGREGATIONS:
+        raise InvalidParameterError("aggregation", aggregation, "central or distributed")
+    if aggregation == "distributed":
+        return True
+    for name, value in only_distributed.items():
+        if value is not None:
+            raise InvalidParameterError(name, value, "given only with --aggregation distributed")
+    return False
 
 
 def default_min_survivors(num_clients: int, rate: float) -> int:

@@ -70,7 +70,7 @@ from privkit.ledger import Ledger, LedgerPointer
 
 __all__ = ["TrainerRun", "drive", "open_ledger", "ledger_path", "checkpoint_dir",
            "adopt_round_charges", "check_shared_settings", "TrainingDivergedError",
-           "DEFAULT_MAX_LOSS_FACTOR", "max_loss_factor"]
+           "DEFAULT_MAX_LOSS_FACTOR", "max_loss_factor", "below_one", "target_within_budget"]
 
 DEFAULT_MAX_LOSS_FACTOR = 100.0
 """A run stops when its training loss exceeds this many times its first evaluated value."""
@@ -540,6 +540,29 @@ _SHARED: dict[str, Callable[[str, Any], Any]] = {
     "eval_every": _validate.positive_int,
     "checkpoint_every": _validate.nonnegative_int,
 }
+
+
+def below_one(name: str, value: Any) -> float:
+    """A real number in [0, 1) (a momentum, a share of clients), else an error naming
+    ``name``."""
+    x = _validate.real(name, value)
+    if not 0 <= x < 1:
+        raise InvalidParameterError(name, value, "in [0, 1)")
+    return x
+
+
+def target_within_budget(name: str, target: Any, budget: float | None) -> float | None:
+    """An epsilon the noise is calibrated to (``--noise-for-epsilon``; None: not given):
+    finite, > 0 and at most ``budget`` (``--epsilon-budget``, None: no budget), else an
+    error naming ``name``: calibrated above the budget, the run would stop before training."""
+    if target is None:
+        return None
+    t = _validate.positive(name, target)
+    if budget is not None and t > budget:
+        raise InvalidParameterError(
+            name, target, f"<= --epsilon-budget {budget:g} (calibrated above the budget, the "
+            "run would stop before training)")
+    return t
 
 
 def check_shared_settings(cfg: Any) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 from fl_examples.core.canaries import check_count, refusal
 from fl_examples.core.data import FederatedDataset, digits, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
-from fl_examples.core.distributed import AGGREGATIONS
+from fl_examples.core.distributed import check_aggregation
 from fl_examples.core.models import MultinomialLogReg
-from fl_examples.core.run import check_shared_settings
+from fl_examples.core.run import below_one, check_shared_settings, target_within_budget
 from privkit import _validate
 from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError
@@ -169,15 +169,8 @@ class DPRecConfig:
             _validate.positive("stddev", self.stddev)
         check_count(self.audit_canaries, checkpoint_every=self.checkpoint_every)
         _validate.positive("server_lr", self.server_lr)
-        m = _validate.real("server_momentum", self.server_momentum)
-        if not 0 <= m < 1:
-            raise InvalidParameterError("server_momentum", self.server_momentum, "in [0, 1)")
-        if self.epsilon is not None:
-            _validate.positive("epsilon", self.epsilon)
-            if self.epsilon_budget is not None and self.epsilon > self.epsilon_budget:
-                raise InvalidParameterError(
-                    "epsilon", self.epsilon, f"<= --epsilon-budget {self.epsilon_budget:g} "
-                    "(calibrated above the budget, the run would stop before training)")
+        below_one("server_momentum", self.server_momentum)
+        target_within_budget("epsilon", self.epsilon, self.epsilon_budget)
         if self.dpfedavg_noise is not None:
             _validate.positive("dpfedavg_noise", self.dpfedavg_noise)
         if self.relation is not None and self.relation not in RELATIONS:
@@ -189,14 +182,7 @@ class DPRecConfig:
     def _check_aggregation(self) -> None:
         """``aggregation`` and the settings only distributed DP uses (one line each)."""
         own = ("secagg_bits", "min_survivors", "colluders")
-        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
-            raise InvalidParameterError("aggregation", self.aggregation,
-                                        "central or distributed")
-        if self.aggregation != "distributed":
-            for name in own:
-                if getattr(self, name) is not None:
-                    raise InvalidParameterError(name, getattr(self, name),
-                                                "given only with --aggregation distributed")
+        if not check_aggregation(self.aggregation, {n: getattr(self, n) for n in own}):
             return
         if self.relation == "add-remove":
             raise InvalidParameterError(

@@ -28,7 +28,7 @@ from fl_examples.core.data import (
 )
 from fl_examples.core.deep_models import PooledCNN
 from fl_examples.core.models import MultinomialLogReg, PerExampleModel
-from fl_examples.core.run import check_shared_settings
+from fl_examples.core.run import check_shared_settings, target_within_budget
 from fl_examples.mapa.schedule import (
     NOISE_CHOICES,
     STEP_SCHEDULES,
@@ -323,18 +323,12 @@ class MapaConfig:
         _validate.positive("clip", self.clip)
         if self.noise_multiplier is not None:
             _validate.positive("noise_multiplier", self.noise_multiplier)
-        if self.noise_for_epsilon is not None:
-            _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
-            if self.epsilon_budget is not None and \
-                    self.noise_for_epsilon > self.epsilon_budget:
-                raise InvalidParameterError(
-                    "noise_for_epsilon", self.noise_for_epsilon, f"<= --epsilon-budget "
-                    f"{self.epsilon_budget:g} (calibrated above the budget, the run would stop "
-                    "before training)")
-            if self.noise_multiplier is not None:
-                raise InvalidParameterError(
-                    "noise_for_epsilon", self.noise_for_epsilon,
-                    "given without noise_multiplier (it calibrates the noise multiplier)")
+        target = target_within_budget("noise_for_epsilon", self.noise_for_epsilon,
+                                      self.epsilon_budget)
+        if target is not None and self.noise_multiplier is not None:
+            raise InvalidParameterError(
+                "noise_for_epsilon", self.noise_for_epsilon,
+                "given without noise_multiplier (it calibrates the noise multiplier)")
 
     def timing(self) -> TimingModel:
         return TimingModel(self.speed_dist, self.link_dist, self.compute_time_s,

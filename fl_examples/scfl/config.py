@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_examples.core.canaries import check_count, refusal
-from fl_examples.core.run import check_shared_settings
+from fl_examples.core.run import below_one, check_shared_settings
 from privkit import _validate
 from privkit.accountants.midp import LabelMode
 from privkit.errors import InvalidParameterError
@@ -181,9 +181,7 @@ class ScflConfig:
         if self.time_budget is not None:
             v.positive("time_budget", self.time_budget)
         v.nonnegative("l2_reg", self.l2_reg)
-        p = v.real("psi", self.psi)
-        if not 0 <= p < 1:
-            raise InvalidParameterError("psi", self.psi, "in [0, 1)")
+        below_one("psi", self.psi)
         if self.output not in ("average", "last"):
             raise InvalidParameterError("output", self.output, "average or last")
         check_shared_settings(self)  # lr, seed, eval/checkpoint grid

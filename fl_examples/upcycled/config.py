@@ -9,7 +9,7 @@ from typing import Any
 from fl_examples.core.applies import check_and_resolve, refuse_together
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.deep_models import CNN
-from fl_examples.core.distributed import AGGREGATIONS
+from fl_examples.core.distributed import check_aggregation
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.privacy import (
     PRIVACY_KINDS,
@@ -17,8 +17,10 @@ from fl_examples.core.privacy import (
     logreg_smoothness,
 )
 from fl_examples.core.run import (
+    below_one,
     check_shared_settings,
     float32_scale,
+    target_within_budget,
 )
 from privkit import _validate
 from privkit.errors import InvalidParameterError
@@ -234,12 +236,8 @@ class UpcycledConfig:
             raise InvalidParameterError("model", self.model, "logreg, mlp, cnn or lstm")
         _validate.positive_int("iterations", self.iterations)
         _validate.probability("fraction", self.fraction)
-        s = _validate.real("stragglers", self.stragglers)
-        if not 0 <= s < 1:
-            raise InvalidParameterError("stragglers", self.stragglers, "in [0, 1)")
-        m = _validate.real("momentum", self.momentum)
-        if not 0 <= m < 1:
-            raise InvalidParameterError("momentum", self.momentum, "in [0, 1)")
+        below_one("stragglers", self.stragglers)
+        below_one("momentum", self.momentum)
         if self.privacy not in PRIVACY_KINDS:
             raise InvalidParameterError("privacy", self.privacy,
                                         "none, output, objective, client or record")
@@ -272,21 +270,13 @@ class UpcycledConfig:
             if not q <= 1:
                 raise InvalidParameterError("client_rate", self.client_rate, "in (0, 1]")
         if self.server_momentum is not None:
-            sm = _validate.real("server_momentum", self.server_momentum)
-            if not 0 <= sm < 1:
-                raise InvalidParameterError("server_momentum", self.server_momentum,
-                                            "in [0, 1)")
+            below_one("server_momentum", self.server_momentum)
         if self.adaptive_clip is not None:
             a = _validate.real("adaptive_clip", self.adaptive_clip)
             if not 0 <= a < 1:
                 raise InvalidParameterError("adaptive_clip", self.adaptive_clip,
                                             "a quantile in (0, 1), or 0 for a fixed clip norm")
-        if self.noise_for_epsilon is not None:
-            target = _validate.positive("noise_for_epsilon", self.noise_for_epsilon)
-            if self.epsilon_budget is not None and target > self.epsilon_budget:
-                raise InvalidParameterError(
-                    "noise_for_epsilon", target, f"<= --epsilon-budget {self.epsilon_budget:g} "
-                    "(calibrated above the budget, the run would stop before training)")
+        target_within_budget("noise_for_epsilon", self.noise_for_epsilon, self.epsilon_budget)
         if self.noise_target is not None and self.noise_target not in ("mean", "max"):
             raise InvalidParameterError("noise_target", self.noise_target, "mean or max")
         if self.sensitivity is not None and self.sensitivity not in SENSITIVITY_NAMES:
@@ -310,18 +300,9 @@ class UpcycledConfig:
     def _check_aggregation(self) -> None:
         """``aggregation`` and the settings only distributed DP uses: refused where they do
         not apply, with the mechanism and adaptive clipping they conflict with."""
-        if self.aggregation is None:  # not client level (refused by name there)
-            return
-        if self.aggregation not in AGGREGATIONS:
-            raise InvalidParameterError("aggregation", self.aggregation,
-                                        "central or distributed")
         own = ("bits", "min_survivors", "colluders")
-        if self.aggregation == "central":
-            for name in own:
-                if getattr(self, name) is not None:
-                    raise InvalidParameterError(name, getattr(self, name),
-                                                "given only with --aggregation distributed")
-            return
+        if not check_aggregation(self.aggregation, {n: getattr(self, n) for n in own}):
+            return  # central, or not client level (None: its settings are refused by name)
         if self.mechanism == "bandmf":
             raise InvalidParameterError(
                 "aggregation", self.aggregation, "central with --mechanism bandmf (banded MF's "

@@ -18,7 +18,9 @@ same thing:
   sampled in all T rounds). Central: z calibrated so that T unamplified Gaussian releases have
   the target epsilon (``--noise-multiplier``, a fixed clip); distributed: the released sum's
   noise multiplier bisected so that T unamplified Skellam releases with ``min_survivors``
-  shares (the default: at most 1% of rounds skipped, 78 of an expected 100) have it. Each row
+  shares (the default: at most 1% of rounds skipped, 78 of an expected 100) have it; each
+  released round's shares are scaled to its cohort (the trainers' default
+  ``--dropout-tolerance 0``: the sum carries the priced noise, not 100/78 of it). Each row
   gives the epsilon the run itself reports against the server
   (``epsilon_unamplified.epsilon_every_round``), at most the target.
 - ``bits``: accuracy against the modulus (8 to 20 bits) at epsilon 4, FedAvg, in both
@@ -193,8 +195,9 @@ def server_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
                         heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
                         seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
                         gap_to_central=gap, gap_se=gap_se, seconds=secs,
-                        note=f"z {zd:.3g} at n_min {p['min_survivors']}, "
-                             f"{p['skipped_rounds']} skipped"))
+                        note=f"z {zd:.3g} at n_min {p['min_survivors']}, mean released z "
+                             f"{p['mean_released_noise_multiplier']:.3g} (f "
+                             f"{p['dropout_tolerance']:g}), {p['skipped_rounds']} skipped"))
                     _show(rows[-1])
     return rows
 

@@ -89,17 +89,24 @@ def add_out_arguments(p: Any, *, unit: str, at_end: bool = False) -> None:
 
 
 def add_survivor_arguments(p: Any) -> None:
-    """``--min-survivors`` and ``--colluders`` of distributed DP (``--aggregation
-    distributed``: :mod:`fl_examples.core.distributed`); checked by
-    :func:`survivor_options`."""
+    """``--min-survivors``, ``--colluders`` and ``--dropout-tolerance`` of distributed DP
+    (``--aggregation distributed``: :mod:`fl_examples.core.distributed`); checked by
+    :func:`survivor_options` (and the configurations: ``dropout_tolerance``)."""
     p.add_argument("--min-survivors", type=float, default=None,
-                   help="distributed: the fewest clients a released sum may hold (the noise "
-                        "shares are calibrated for that many); a data round with a smaller "
+                   help="distributed: the fewest clients a released sum may hold (the "
+                        "accounting prices that many noise shares); a data round with a smaller "
                         "cohort is skipped, releasing and charging nothing (default: the "
                         "largest n with P(cohort < n) <= 1%%; every client at --client-rate 1)")
     p.add_argument("--colluders", type=float, default=None,
                    help="distributed: clients that may collude with the server (their noise "
                         "shares are not counted; default 0)")
+    p.add_argument("--dropout-tolerance", type=float, default=None, metavar="F",
+                   help="distributed: F in [0, 1]; a released round of n clients adds noise "
+                        "shares for max(--min-survivors, ceil((1 - F) n)) survivors, so the "
+                        "sum carries the priced noise and no more when they all survive "
+                        "(default 0: this simulation has no dropouts; a deployment that "
+                        "tolerates dropouts sets F; 1: every client adds the share for "
+                        "--min-survivors, the fixed-share protocol); the epsilon is the same")
 
 
 def run_options(args: Any) -> dict[str, Any]:
@@ -113,12 +120,14 @@ def run_options(args: Any) -> dict[str, Any]:
 
 
 def survivor_options(args: Any) -> dict[str, Any]:
-    """``min_survivors`` (an integer >= 1) and ``colluders`` (>= 0), None where not given
+    """``min_survivors`` (an integer >= 1) and ``colluders`` (>= 0), None where not given,
+    and ``dropout_tolerance`` as given, checked by the configuration
     (:func:`add_survivor_arguments`)."""
     return {"min_survivors": None if args.min_survivors is None
             else positive_int("min_survivors", args.min_survivors),
             "colluders": None if args.colluders is None
-            else nonnegative_int("colluders", args.colluders)}
+            else nonnegative_int("colluders", args.colluders),
+            "dropout_tolerance": args.dropout_tolerance}
 
 
 def finish(args: Any, res: dict[str, Any], summary: Callable[[dict[str, Any]], dict[str, Any]],

@@ -40,11 +40,14 @@ Where they go (:class:`TrainerCanaries`, one per audited run):
   q at q = 1, its own stream). Scores: as DP-FedAvg's, from the **decoded** sum (centred,
   unscaled, rotated back; before the divisor q N) in units of C, with z the released sum's
   guaranteed noise multiplier ``gamma sqrt((n_min - colluders) mu) / C`` (an in-canary's shift
-  1/z; a larger cohort only adds noise to a score). The Steinke et al. bound assumes nothing
-  but the coins; the Gaussian one-run bound assumes Gaussian scores, which here holds
-  approximately: each decoded coordinate is a rotated (``1/sqrt(d)``-weighted) sum of ``d``
-  coordinates of Skellam noise of variance ``n mu`` (``n`` >= n_min shares), near Gaussian
-  (the rounding's error, under ``gamma^2 / 4`` a coordinate per contribution, is more noise).
+  1/z; the shares are scaled to the cohort, so this is the sum's noise at
+  ``dropout_tolerance`` 0 with no colluders, and more noise otherwise, which only weakens a
+  score). The Steinke et al. bound assumes nothing but the coins; the Gaussian one-run bound
+  assumes Gaussian scores, which here holds approximately: each decoded coordinate is a
+  rotated (``1/sqrt(d)``-weighted) sum of ``d`` coordinates of Skellam noise of variance
+  ``n mu_n`` (n shares of the cohort's ``mu_n``, at least ``(n_min - colluders) mu`` of it
+  honest), near Gaussian (the rounding's error, under ``gamma^2 / 4`` a coordinate per
+  contribution, is more noise).
   The canaries' rows add at most ``sqrt(M) C`` to the sum's norm: the plan's wrap-around
   bound is for the real cohort, ``privacy.canaries.wrap_bound_per_round`` the bound with the
   canaries in, the report's ``wrapped_rounds`` counts the rounds that wrapped (a wrapped

@@ -26,6 +26,29 @@ server keeps its model. The default ``min_survivors`` is the largest n with
 stragglers s): at most one round in a hundred is skipped; every client in every round
 (q = 1) gives N. The trainer simulates no dropouts, so the survivors are the cohort.
 
+**Shares scaled to the cohort** (``dropout_tolerance`` f in [0, 1], ``--dropout-tolerance``).
+The ledger prices a released sum holding ``(n_min - k) mu`` of honest noise variance (k the
+colluders). A released round of n >= n_min clients calibrates its shares for
+``s(n) = max(n_min, ceil((1 - f) n))`` survivors: each client adds
+``Skellam(mu_n)``, ``mu_n = mu (n_min - k) / (s(n) - k)`` <= mu, so any s(n) or more survivors,
+k of them colluding, still hold ``(s(n) - k) mu_n >= (n_min - k) mu``: exactly what the event
+charged on the ledger assumes. A released round must hold at least s(n) survivors (refused
+otherwise, :meth:`DistributedDpPlan.check_survivors`; in this simulation the survivors are
+the cohort, always enough). f = 1 gives s(n) = n_min: every client adds mu whatever the
+cohort (the fixed-share protocol, which tolerates any dropouts down to n_min); f = 0, the
+trainers' default (no dropouts here), makes a released sum carry exactly ``n_min mu`` (no
+colluders) instead of ``n mu``: a deployment that must tolerate dropouts sets f to the share
+of a cohort it expects to lose. Why this is sound: mu_n depends on the cohort's size n only,
+and under zero-out (the relation priced: the target's update replaced by zero, the target
+keeping its place, its coins and its noise share) the cohort, hence n and every mu_n, is the
+same on neighbouring datasets: the shares are a function of the public sampling outcome,
+never of the data, and each client still draws its share from its own stream (only the
+Skellam parameter changes; adding or zeroing another client never moves a client's coins).
+Nothing the ledger holds changes: the event (``(n_min - k)`` shares of mu), the skip rule,
+q', n_min and the calibration. The wrap-around bound, computed for every client adding mu,
+stays an upper bound (a sum of n shares of mu_n <= mu has less variance, and the bound grows
+with the variance).
+
 **Why a skipped round may charge nothing, and what a released one costs.** Whether a round is
 skipped depends only on the sampling coins, never on data, so under zero-out (the target keeps
 its place and its coins) the pattern of skipped rounds has the same law on neighbouring
@@ -50,7 +73,8 @@ gives the calibrated per-round bound and, in this simulation, how many rounds di
 **Audits** (``--audit-canaries M``, :mod:`fl_examples.core.canaries`): canary clients encoded
 like a client without a noise share (:meth:`DistributedDpPlan.canary_input`) join the secure
 sum of each released round they are sampled in (rate q'), never as survivors; they are scored
-from the decoded sum, before the divisor.
+from the decoded sum, before the divisor, at the guaranteed noise multiplier (the released
+sum's noise with f = 0 and no colluders, conservative otherwise).
 """
 
 from __future__ import annotations
@@ -59,6 +83,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -91,7 +116,7 @@ from privkit.mechanisms.distributed import MAX_BITS, DistributedSkellam, center_
 
 __all__ = ["DistributedDpPlan", "distributed_plan", "default_min_survivors", "released_rate",
            "cohort_bound", "granularity_for_noise", "rotation_seed", "AGGREGATIONS",
-           "check_aggregation",
+           "check_aggregation", "check_dropout_tolerance", "share_survivors",
            "SKIP_RATE", "COHORT_TAIL", "MAX_WRAP", "NOISE_STREAM", "ROTATION_STREAM"]
 
 #: ``--aggregation``: ``central`` (DP-FedAvg, a trusted aggregator adds the noise) or
@@ -112,6 +137,32 @@ ROTATION_STREAM = "distributed-rotation"
 
 
 # ---------------------------------------------------------------------------- cohorts
+def check_dropout_tolerance(value: Any, name: str = "dropout_tolerance") -> float:
+    """f as a float in [0, 1] (NaN refused), else :class:`InvalidParameterError` naming
+    ``name``."""
+    f = _validate.real(name, value)
+    if not 0.0 <= f <= 1.0:
+        raise InvalidParameterError(name, value, "in [0, 1] (the share of a released "
+                                    "cohort that may drop out; 1: every client adds the "
+                                    "share for min_survivors)")
+    return f
+
+
+def share_survivors(cohort: int, min_survivors: int, dropout_tolerance: float) -> int:
+    """``s(n) = max(n_min, ceil((1 - f) n))``: the survivors a released cohort of n clients
+    calibrates its noise shares for (module docstring; computed exactly, f as the binary
+    fraction it is).
+
+    Example:
+        >>> [share_survivors(100, 78, f) for f in (0.0, 0.1, 1.0)]
+        [100, 90, 78]
+    """
+    n = _validate.nonnegative_int("cohort", cohort)
+    k = _validate.positive_int("min_survivors", min_survivors)
+    f = check_dropout_tolerance(dropout_tolerance)
+    return max(k, math.ceil((1 - Fraction(f)) * n))
+
+
 def _binom() -> Any:
     from scipy.stats import binom
 
@@ -260,7 +311,9 @@ class DistributedDpPlan:
         drop_rate: s, the share of sampled clients dropped before the sum (FedAvg's
             stragglers; 0 otherwise): a client is in a sum with probability p = q (1 - s).
         l2_clip_norm: C.
-        noise_per_client: mu, each client's Skellam variance per coordinate (integer units).
+        noise_per_client: mu, the Skellam variance per coordinate (integer units) of a share
+            calibrated for n_min survivors: what the ledger prices ``(n_min - k)`` of, and the
+            most a client adds (a round of n clients adds :meth:`noise_share` each).
         granularity: gamma, the grid step (update units).
         bits: the secure sum is taken modulo 2^bits.
         dim: the model's coordinates.
@@ -270,6 +323,9 @@ class DistributedDpPlan:
         beta: the conditional rounding's parameter.
         relation: the relation the ledger prices under: ``zero-out`` (default; module
             docstring) or ``replace-one`` (twice the sensitivities).
+        dropout_tolerance: f in [0, 1]: a released round of n clients calibrates its shares
+            for ``max(n_min, ceil((1 - f) n))`` survivors (module docstring; 0, the default:
+            no dropouts, a released sum carries the priced noise; 1: every client adds mu).
     """
 
     kind = "client"
@@ -289,6 +345,7 @@ class DistributedDpPlan:
     drop_rate: float = 0.0
     beta: float = math.exp(-0.5)
     relation: str = "zero-out"
+    dropout_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         if self.relation not in RELATIONS:
@@ -305,6 +362,7 @@ class DistributedDpPlan:
         if k > n:
             raise InvalidParameterError("min_survivors", self.min_survivors,
                                         f"at most the {n} clients")
+        check_dropout_tolerance(self.dropout_tolerance)
         self.mechanism()  # validates the rest (bits, gamma, mu, colluders, ...)
 
     # -- numbers -----------------------------------------------------------------------------
@@ -367,8 +425,9 @@ class DistributedDpPlan:
                                "a canary is one more unit of sensitivity (zero-out)",
                 "noise_stddev_of_sum": self.noise_multiplier * self.l2_clip_norm,
                 "noise_note": "the scores are in units of C with noise stddev z, the released "
-                              "sum's guaranteed gamma sqrt((n_min - colluders) mu) (a larger "
-                              "cohort carries more noise)",
+                              "sum's guaranteed gamma sqrt((n_min - colluders) mu): with the "
+                              "shares scaled to the cohort the sum's noise exactly at f = 0 "
+                              "with no colluders, more otherwise",
                 "scores_assume": "the Steinke et al. bound: nothing but the coins; the "
                                  "Gaussian one-run bound: Gaussian scores, here approximate "
                                  "(each decoded coordinate is a rotated sum of d Skellam "
@@ -385,6 +444,55 @@ class DistributedDpPlan:
     @property
     def honest_shares(self) -> int:
         return int(self.min_survivors) - int(self.colluders)
+
+    # -- shares scaled to the cohort (module docstring) --------------------------------------
+    def share_survivors(self, cohort: int) -> int:
+        """s(n) = ``max(n_min, ceil((1 - f) n))``: the survivors a released round of ``cohort``
+        clients calibrates its shares for (:func:`share_survivors`)."""
+        return share_survivors(cohort, int(self.min_survivors), float(self.dropout_tolerance))
+
+    def noise_share(self, cohort: int) -> float:
+        """mu_n, each client's Skellam variance in a released round of ``cohort`` clients:
+        ``mu (n_min - k) / (s(n) - k)``, so that ``(s(n) - k) mu_n >= (n_min - k) mu`` (checked
+        in floating point, rounded up where the division fell short); exactly mu when s(n) =
+        n_min (f = 1, or a cohort of n_min)."""
+        s = self.share_survivors(cohort)
+        mu = float(self.noise_per_client)
+        if s <= int(self.min_survivors):
+            return mu
+        k, h = int(self.colluders), self.honest_shares
+        share = mu * h / (s - k)
+        while (s - k) * share < h * mu:  # never below the priced variance
+            share = math.nextafter(share, math.inf)
+        return share
+
+    def share_mechanism(self, cohort: int | None, bits: int | None = None
+                        ) -> DistributedSkellam:
+        """:meth:`mechanism` with the noise share of a released round of ``cohort`` clients
+        (:meth:`noise_share`; the same encoder, only the Skellam parameter differs; ``None``:
+        mu, the share for n_min survivors)."""
+        mu = float(self.noise_per_client) if cohort is None else self.noise_share(cohort)
+        base = self.mechanism(bits)
+        if mu == float(base.noise_per_client):
+            return base
+        key = f"_share/{bits}/{mu!r}"  # memoised beside the fields, as mechanism()
+        if key not in self.__dict__:
+            self.__dict__[key] = dataclasses.replace(base, noise_per_client=mu)
+        return self.__dict__[key]  # type: ignore[no-any-return]
+
+    def check_survivors(self, cohort: int, survivors: int) -> int:
+        """``survivors`` if a round whose ``cohort`` clients added shares for s(n) survivors
+        may release a sum of that many; else :class:`InvalidParameterError` naming
+        ``survivors`` (below s(n) the honest shares would hold less than the priced
+        variance). Never raised in this simulation (the survivors are the cohort)."""
+        s = _validate.nonnegative_int("survivors", survivors)
+        need = self.share_survivors(cohort)
+        if s < need:
+            raise InvalidParameterError(
+                "survivors", s, f">= {need} to release a round of {cohort} clients (their "
+                f"shares were calibrated for max(n_min, ceil((1 - f) n)) = {need} survivors, "
+                f"f = {self.dropout_tolerance:g}); discard the round")
+        return s
 
     @property
     def noise_multiplier(self) -> float:
@@ -444,13 +552,15 @@ class DistributedDpPlan:
         return [(POPULATION, self.round_event())]
 
     # -- the round ---------------------------------------------------------------------------
-    def client_input(self, client: int, update: np.ndarray, *, rng: Any, rotation_seed: int
-                     ) -> tuple[np.ndarray, np.ndarray]:
-        """What client ``client`` sends (``mechanism().encode``: residues modulo 2^bits) and,
-        for the simulation's wrap-around diagnostic, the same integers before the reduction
-        (encoded modulo 2^62 from the same draws: the residues are these reduced, bit for
-        bit)."""
-        wide = self.mechanism(MAX_BITS).encode(update, rng=rng, rotation_seed=rotation_seed)
+    def client_input(self, client: int, update: np.ndarray, *, rng: Any, rotation_seed: int,
+                     cohort: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """What client ``client`` sends (``share_mechanism(cohort).encode``: residues modulo
+        2^bits, the noise share of a released round of ``cohort`` clients; ``None``: mu, as
+        ``mechanism().encode``) and, for the simulation's wrap-around diagnostic, the same
+        integers before the reduction (encoded modulo 2^62 from the same draws: the residues
+        are these reduced, bit for bit)."""
+        wide = self.share_mechanism(cohort, MAX_BITS).encode(update, rng=rng,
+                                                             rotation_seed=rotation_seed)
         return self._reduce(wide)
 
     def canary_input(self, vector: np.ndarray, *, rng: Any, rotation_seed: int
@@ -477,9 +587,12 @@ class DistributedDpPlan:
 
         A skipped round (fewer than n_min clients) returns ``w`` unchanged and releases
         nothing. Otherwise each client encodes its own update with its own stream (or
-        ``secure``, a :class:`privkit.SecureRandom`), the residues are summed modulo
-        2^bits (:meth:`DistributedSkellam.secure_sum`), the server decodes over q N and
-        steps. ``state["distributed"]`` counts released, skipped and wrapped rounds.
+        ``secure``, a :class:`privkit.SecureRandom`) and its share for the round's cohort
+        (:meth:`noise_share`), the residues are summed modulo 2^bits
+        (:meth:`DistributedSkellam.secure_sum`; the survivors checked against s(n),
+        :meth:`check_survivors`), the server decodes over q N and steps.
+        ``state["distributed"]`` counts released, skipped and wrapped rounds,
+        ``state["distributed_shares"]`` the shares drawn and their variance.
         ``generator`` (the central mode's noise stream) is not used.
 
         ``canaries``: an audit's :class:`~fl_examples.core.canaries.TrainerCanaries`
@@ -496,16 +609,25 @@ class DistributedDpPlan:
         mech = self.mechanism()
         seed = rotation_seed(tree, data_round)
         names = list(w)
+        cohort = len(sel)
         inputs, ints = [], []
         for j, c in enumerate(np.asarray(sel).tolist()):
             update = np.concatenate([(local[k][j] - w[k]).detach().to(torch.float64).cpu()
                                      .numpy().reshape(-1) for k in names])
             rng = secure if secure is not None else tree.numpy(data_round,
                                                                f"{NOISE_STREAM}/{int(c)}")
-            y, x = self.client_input(int(c), update, rng=rng, rotation_seed=seed)
+            y, x = self.client_input(int(c), update, rng=rng, rotation_seed=seed,
+                                     cohort=cohort)
             inputs.append(y)
             ints.append(x)
-        survivors = len(inputs)  # the honest cohort: never a canary
+        survivors = self.check_survivors(cohort, len(inputs))  # never a canary
+        share = self.noise_share(cohort)
+        shares = state.setdefault("distributed_shares",
+                                  {"shares": 0, "variance": 0.0, "released_z": 0.0})
+        shares["shares"] += survivors
+        shares["variance"] += survivors * share
+        shares["released_z"] += float(self.granularity) * math.sqrt(
+            survivors * share) / float(self.l2_clip_norm)
         if canaries is not None:  # an audit's canary clients: encoded, no noise share
             take = canaries.begin(canaries.releases + 1, self.l2_clip_norm)
             for row in canaries.rows(take, self.l2_clip_norm):
@@ -533,21 +655,29 @@ class DistributedDpPlan:
     # -- checkpoints -------------------------------------------------------------------------
     @staticmethod
     def state_json(state: dict[str, Any]) -> dict[str, Any]:
-        """The round counters to checkpoint (JSON)."""
-        return {"distributed": dict(state["distributed"])} if "distributed" in state else {}
+        """The round counters and the shares' totals to checkpoint (JSON)."""
+        return {k: dict(state[k]) for k in ("distributed", "distributed_shares") if k in state}
 
     @staticmethod
     def load_state_json(saved: dict[str, Any], state: dict[str, Any]) -> None:
         if "distributed" in saved:
             state["distributed"] = {k: int(v) for k, v in saved["distributed"].items()}
+        if "distributed_shares" in saved:
+            state["distributed_shares"] = {
+                k: int(v) if k == "shares" else float(v)
+                for k, v in saved["distributed_shares"].items()}
 
     # -- the report --------------------------------------------------------------------------
     def public(self) -> list[str]:
         return [f"N = {self.num_clients}: the number of clients",
                 f"q = {self.client_rate:g} and the divisor q N = {self.expected_clients:g}",
                 f"the secure sum's modulus 2^{self.bits}, the granularity "
-                f"{self.granularity:.6g}, each client's noise variance {self.noise_per_client:.6g}"
-                f" (integer units), n_min = {self.min_survivors}, {self.colluders} colluder(s)",
+                f"{self.granularity:.6g}, the noise variance of a share for n_min survivors "
+                f"{self.noise_per_client:.6g} (integer units), n_min = {self.min_survivors}, "
+                f"{self.colluders} colluder(s), the dropout tolerance f = "
+                f"{self.dropout_tolerance:g} (a round of n clients adds shares for "
+                "max(n_min, ceil((1 - f) n)) survivors: its share is a function of the "
+                "cohort's size, the same on neighbouring datasets under zero-out)",
                 "every round's rotation seed (seed-tree stream "
                 f"{ROTATION_STREAM!r}; it never depends on the updates)",
                 "which data rounds were skipped (fewer than n_min clients sampled: decided by "
@@ -568,7 +698,11 @@ class DistributedDpPlan:
                if self.relation == "zero-out" else
                "replace-one: one client's update replaced by any other (twice the "
                "sensitivities), the client keeping its place and its noise share")
-        return [DISTRIBUTED_TRUST_ASSUMPTION, amp, rel, SKELLAM_NOTE]
+        shares = (f"noise shares scaled to the cohort (f = {self.dropout_tolerance:g}): a "
+                  "released round of n clients holds at least max(n_min, ceil((1 - f) n)) "
+                  "survivors, the number its shares were calibrated for (refused otherwise; "
+                  "in this simulation every sampled client survives)")
+        return [DISTRIBUTED_TRUST_ASSUMPTION, amp, rel, shares, SKELLAM_NOTE]
 
     def describe(self) -> dict[str, Any]:
         m = self.mechanism()
@@ -581,9 +715,21 @@ class DistributedDpPlan:
             "granularity": self.granularity, "noise_per_client": self.noise_per_client,
             "noise_multiplier": self.noise_multiplier,
             "noise_multiplier_note": "the guaranteed noise of a released sum "
-                                     "(min_survivors - colluders Skellam shares) as a stddev "
-                                     "in update units over C; a sum of m > n_min clients "
-                                     "carries sqrt(m / (n_min - k)) times it",
+                                     "(min_survivors - colluders Skellam shares of "
+                                     "noise_per_client, the variance the ledger prices) as a "
+                                     "stddev in update units over C; the shares are scaled to "
+                                     "the cohort (noise_shares): a released sum of n clients "
+                                     "carries n mu_n, exactly (n_min - k) mu of honest "
+                                     "variance when all survive at f = 0",
+            "dropout_tolerance": float(self.dropout_tolerance),
+            "noise_shares": "scaled to the cohort: in a released round of n clients each adds "
+                            "Skellam(mu_n), mu_n = noise_per_client (n_min - k) / (s(n) - k), "
+                            "shares for s(n) = max(n_min, ceil((1 - f) n)) survivors (any "
+                            "s(n) survivors hold the priced (n_min - k) noise_per_client; a "
+                            "round with fewer is refused); f = 1: every client adds "
+                            "noise_per_client (the fixed-share protocol); the trainers "
+                            "simulate no dropouts (default f = 0), a deployment that "
+                            "tolerates them sets f",
             "noise_stddev_of_sum": self.noise_multiplier * self.l2_clip_norm,
             "min_survivors": int(self.min_survivors), "colluders": int(self.colluders),
             "honest_shares": self.honest_shares,
@@ -627,6 +773,17 @@ class DistributedDpPlan:
         rounds = int(sum(n for _, n in ledger.composition(POPULATION).atoms))
         counts = (state or {}).get("distributed", {})
         out["charged_rounds"] = rounds
+        shares = (state or {}).get("distributed_shares", {})
+        drawn = int(shares.get("shares", 0))
+        released = int(counts.get("released", 0))
+        out["mean_noise_per_client"] = (float(shares["variance"]) / drawn if drawn
+                                        else float(self.noise_per_client))
+        out["mean_released_noise_multiplier"] = (float(shares["released_z"]) / released
+                                                 if released else self.noise_multiplier)
+        out["mean_noise_note"] = ("the shares this run drew: mean variance per client share "
+                                  "(integer units) and mean noise multiplier of a released "
+                                  "sum (every share in it, colluders' too), over the released "
+                                  "rounds (the plan's values when none was released)")
         out["skipped_rounds"] = int(counts.get("skipped", 0))
         out["wrapped_rounds"] = int(counts.get("wrapped", 0))
         out["wrapped_note"] = ("simulation diagnostic: rounds whose noisy integer sum left "
@@ -672,14 +829,16 @@ def distributed_plan(*, num_clients: int, client_rate: float, l2_clip_norm: floa
                      colluders: int = 0, noise_multiplier: float | None = None,
                      noise_for_epsilon: float | None = None, server_lr: float = 1.0,
                      server_momentum: float = 0.0, drop_rate: float = 0.0,
-                     relation: str = "zero-out") -> tuple[DistributedDpPlan, dict[str, Any]]:
+                     relation: str = "zero-out", dropout_tolerance: float = 0.0
+                     ) -> tuple[DistributedDpPlan, dict[str, Any]]:
     """The plan of a run and its calibration record.
 
     With ``noise_for_epsilon`` the noise per client and the granularity come from
     :func:`privkit.accountants.calibrate_distributed` for ``rounds`` released rounds
     amplified at q' (``relation``, ``min_survivors - colluders`` honest shares, the wrap-around
     bound at the cohort bound); else from ``noise_multiplier`` z (the released sum's guaranteed
-    noise stddev over C, :func:`granularity_for_noise`).
+    noise stddev over C, :func:`granularity_for_noise`). ``dropout_tolerance`` f scales each
+    released round's shares to its cohort (module docstring); it changes nothing priced.
 
     Raises:
         InvalidParameterError: naming the setting (``min_survivors`` above N, ``colluders`` not
@@ -697,6 +856,7 @@ def distributed_plan(*, num_clients: int, client_rate: float, l2_clip_norm: floa
     if n_min > n:
         raise InvalidParameterError("min_survivors", min_survivors, f"at most the {n} clients")
     k = _validate.nonnegative_int("colluders", colluders)
+    f = check_dropout_tolerance(dropout_tolerance)
     if k >= n_min:
         raise InvalidParameterError("colluders", colluders,
                                     f"< --min-survivors {n_min} (at least one honest share)")
@@ -704,7 +864,8 @@ def distributed_plan(*, num_clients: int, client_rate: float, l2_clip_norm: floa
     m = max(cohort_bound(n, p), n_min)
     base = dict(num_clients=n, client_rate=q, l2_clip_norm=l2_clip_norm, bits=b, dim=dim,
                 min_survivors=n_min, colluders=k, server_lr=server_lr,
-                server_momentum=server_momentum, drop_rate=s, relation=relation)
+                server_momentum=server_momentum, drop_rate=s, relation=relation,
+                dropout_tolerance=f)
     if noise_for_epsilon is None:
         z = 1.0 if noise_multiplier is None else noise_multiplier
         gamma, mu = granularity_for_noise(z, clip=l2_clip_norm, honest=n_min - k, clients=m,
@@ -727,4 +888,6 @@ def distributed_plan(*, num_clients: int, client_rate: float, l2_clip_norm: floa
         "central_noise_multiplier": cal.central_noise_multiplier,
         "note": "the noise per client for `planned_rounds` released rounds (a skipped round "
                 "charges nothing); mse_ratio_to_central: the decoded mean's error against "
-                "DP-FedAvg's at the same target, rounds, sampling and relation"}}
+                "DP-FedAvg's at the same target, rounds, sampling and relation, with every "
+                "client of the cohort bound adding noise_per_client (f = 1; shares scaled to "
+                "the cohort carry less)"}}

@@ -151,7 +151,9 @@ def train(cfg: DPRecConfig, *, compare: tuple[str, ...] = ("dpfedavg",),
         with status(what) as line:
             plan, cal = distributed_dpfedavg(cfg, ds, noise_multiplier=cfg.dpfedavg_noise,
                                              target=target)
-            line.done(f"{plan.noise_per_client:.4g} per client, {plan.bits} bits (z "
+            line.done(f"{plan.noise_per_client:.4g} per client for {plan.min_survivors} "
+                      f"survivors, scaled to each cohort (for max(n_min, (1 - f) n) "
+                      f"survivors, f {plan.dropout_tolerance:g}), {plan.bits} bits (z "
                       f"{plan.noise_multiplier:.4g})")
         if cal:
             calibrated["dpfedavg"] = cal["calibrated"] | {

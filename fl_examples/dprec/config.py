@@ -9,7 +9,7 @@ from typing import Any
 from fl_examples.core.canaries import check_count, refusal
 from fl_examples.core.data import FederatedDataset, digits, parse_dataset_spec
 from fl_examples.core.deep_models import CNN
-from fl_examples.core.distributed import check_aggregation
+from fl_examples.core.distributed import check_aggregation, check_dropout_tolerance
 from fl_examples.core.models import MultinomialLogReg
 from fl_examples.core.run import below_one, check_shared_settings, target_within_budget
 from privkit import _validate
@@ -95,6 +95,11 @@ class DPRecConfig:
             (a round with a smaller sample is skipped: nothing released or charged; default
             the largest n with P(sample < n) <= 1%) and the clients that may collude with the
             server (default 0).
+        dropout_tolerance: ``distributed`` only: f in [0, 1], a released round of n clients
+            adds noise shares for ``max(min_survivors, ceil((1 - f) n))`` survivors (default
+            0: the simulation has no dropouts; 1: every client adds the share for
+            min_survivors, the fixed-share protocol; a deployment that tolerates dropouts
+            sets f). The epsilon does not change.
 
     The settings of one algorithm (``stddev``, ``bits``, ``groups``, ``history_compression``
     for DP-REC; ``dpfedavg_noise`` for DP-FedAvg; ``client_rate``; ``clients`` and
@@ -139,6 +144,7 @@ class DPRecConfig:
     secagg_bits: int | None = None
     min_survivors: int | None = None
     colluders: int | None = None
+    dropout_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if self.clients is not None:
@@ -181,7 +187,7 @@ class DPRecConfig:
 
     def _check_aggregation(self) -> None:
         """``aggregation`` and the settings only distributed DP uses (one line each)."""
-        own = ("secagg_bits", "min_survivors", "colluders")
+        own = ("secagg_bits", "min_survivors", "colluders", "dropout_tolerance")
         if not check_aggregation(self.aggregation, {n: getattr(self, n) for n in own}):
             return
         if self.relation == "add-remove":
@@ -199,6 +205,8 @@ class DPRecConfig:
             if self.min_survivors is not None and k >= self.min_survivors:
                 raise InvalidParameterError("colluders", k, f"< --min-survivors "
                                             f"{self.min_survivors} (one honest noise share)")
+        if self.dropout_tolerance is not None:
+            check_dropout_tolerance(self.dropout_tolerance)
 
     @property
     def distributed(self) -> bool:
@@ -250,7 +258,8 @@ class DPRecConfig:
         new = {k: v for k, v in fill.items() if getattr(self, k) is None and applies[k]}
         if self.distributed and "dpfedavg" in runs:
             new |= {k: v for k, v in (("secagg_bits", DEFAULT_SECAGG_BITS),
-                                      ("colluders", 0)) if getattr(self, k) is None}
+                                      ("colluders", 0), ("dropout_tolerance", 0.0))
+                    if getattr(self, k) is None}
         return dataclasses.replace(self, **new) if new else self
 
     def draws_per_round(self, num_clients: int) -> int:
@@ -314,7 +323,8 @@ def distributed_dpfedavg(cfg: DPRecConfig, ds: FederatedDataset, *,
         colluders=cfg.colluders or 0, noise_multiplier=noise_multiplier,
         noise_for_epsilon=target, server_lr=cfg.server_lr,
         server_momentum=cfg.server_momentum,
-        relation="replace-one" if cfg.relation == "replace-one" else "zero-out")
+        relation="replace-one" if cfg.relation == "replace-one" else "zero-out",
+        dropout_tolerance=0.0 if cfg.dropout_tolerance is None else cfg.dropout_tolerance)
 
 
 def load_dataset(cfg: DPRecConfig) -> FederatedDataset:

@@ -202,8 +202,11 @@ def _privacy_detail(p: dict[str, Any]) -> str:
         wrapped = p.get("wrapped_rounds", 0)
         return (f"distributed DP (secure aggregation, Skellam shares; zero-out): clip "
                 f"{p['l2_clip_norm']:g}, {p['bits']} bits, granularity {p['granularity']:.3g}, "
-                f"noise {p['noise_per_client']:.4g} per client (z {p['noise_multiplier']:.4g} "
-                f"at {p['min_survivors']} survivors, {p['colluders']} colluder(s)), q "
+                f"noise {p['noise_per_client']:.4g} per client for {p['min_survivors']} "
+                f"survivors (z {p['noise_multiplier']:.4g}, {p['colluders']} colluder(s)), "
+                f"shares scaled to the cohort (for max(n_min, (1 - f) n) survivors, f "
+                f"{p['dropout_tolerance']:g}: mean {p['mean_noise_per_client']:.4g} per client, "
+                f"mean released z {p['mean_released_noise_multiplier']:.4g}), q "
                 f"{p['client_rate']:g}; rounding norm^2 <= {p['rounded_norm_bound_sq']}; "
                 f"wrap-around <= {p['wrap_bound_per_round']:.1e} a round, {wrapped} round(s) "
                 f"wrapped; {p['skipped_rounds']} round(s) skipped (fewer than "

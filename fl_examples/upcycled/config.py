@@ -9,7 +9,7 @@ from typing import Any
 from fl_examples.core.applies import check_and_resolve, refuse_together
 from fl_examples.core.data import FederatedDataset
 from fl_examples.core.deep_models import CNN
-from fl_examples.core.distributed import check_aggregation
+from fl_examples.core.distributed import check_aggregation, check_dropout_tolerance
 from fl_examples.core.models import MLP, MultinomialLogReg
 from fl_examples.core.privacy import (
     PRIVACY_KINDS,
@@ -43,6 +43,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "participation": ("client",), "groups": ("client",),
     "min_separation": ("client",), "aggregation": ("client",), "bits": ("client",),
     "min_survivors": ("client",), "colluders": ("client",),
+    "dropout_tolerance": ("client",),
 }
 #: The defaults of the privacy settings, filled for the models that use them.
 DEFAULTS: dict[str, Any] = {
@@ -172,6 +173,11 @@ class UpcycledConfig:
             the largest n with P(cohort < n) <= 1%, N at client rate 1).
         colluders: ``distributed``: clients that may collude with the server (their noise
             shares are not counted; default 0).
+        dropout_tolerance: ``distributed``: f in [0, 1], each released round's noise shares
+            are calibrated for ``max(min_survivors, ceil((1 - f) n))`` survivors of its n
+            clients (default 0: the simulation has no dropouts, a released sum carries the
+            priced noise; 1: every client adds the share for min_survivors, the fixed-share
+            protocol; a deployment that tolerates dropouts sets f).
 
     The privacy settings left at None take their model's default (:data:`DEFAULTS`); one
     given for a model that does not use it is refused (:data:`APPLIES`), so the recorded
@@ -224,6 +230,7 @@ class UpcycledConfig:
     bits: int | None = None
     min_survivors: int | None = None
     colluders: int | None = None
+    dropout_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         float32_scale("mu", self.mu, allow_zero=True)
@@ -300,7 +307,7 @@ class UpcycledConfig:
     def _check_aggregation(self) -> None:
         """``aggregation`` and the settings only distributed DP uses: refused where they do
         not apply, with the mechanism and adaptive clipping they conflict with."""
-        own = ("bits", "min_survivors", "colluders")
+        own = ("bits", "min_survivors", "colluders", "dropout_tolerance")
         if not check_aggregation(self.aggregation, {n: getattr(self, n) for n in own}):
             return  # central, or not client level (None: its settings are refused by name)
         if self.mechanism == "bandmf":
@@ -327,6 +334,8 @@ class UpcycledConfig:
             raise InvalidParameterError("colluders", self.colluders,
                                         f"< --min-survivors {self.min_survivors} (at least "
                                         "one honest noise share)")
+        f = 0.0 if self.dropout_tolerance is None else self.dropout_tolerance
+        object.__setattr__(self, "dropout_tolerance", check_dropout_tolerance(f))
 
     def _check_mechanism(self) -> None:
         """The client-level mechanism and the settings only banded MF uses."""

@@ -191,7 +191,8 @@ def _distributed(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iter
               colluders=cfg.colluders, noise_multiplier=cfg.noise_multiplier,
               noise_for_epsilon=cfg.noise_for_epsilon, server_lr=cfg.server_lr,
               server_momentum=cfg.server_momentum,
-              drop_rate=cfg.stragglers if algorithm == "fedavg" else 0.0)
+              drop_rate=cfg.stragglers if algorithm == "fedavg" else 0.0,
+              dropout_tolerance=cfg.dropout_tolerance)
     what = f"{algorithm}'s distributed DP ({cfg.bits} bits, {rounds} data rounds)"
     if cfg.noise_for_epsilon is None:
         with status(f"building {what}"):
@@ -199,8 +200,10 @@ def _distributed(algorithm: str, cfg: UpcycledConfig, ds: FederatedDataset, iter
     with status(f"calibrating {what}'s noise shares to epsilon {cfg.noise_for_epsilon:g} "
                 f"(delta {cfg.delta:g}, zero-out)") as line:
         plan, cal = distributed_plan(**kw)  # type: ignore[arg-type]
-        line.done(f"{plan.noise_per_client:.4g} per client, granularity "
-                  f"{plan.granularity:.3g} (z {plan.noise_multiplier:.4g}; planned epsilon "
+        line.done(f"{plan.noise_per_client:.4g} per client for {plan.min_survivors} "
+                  f"survivors, scaled to each cohort (for max(n_min, (1 - f) n) survivors, f "
+                  f"{plan.dropout_tolerance:g}), granularity {plan.granularity:.3g} (z "
+                  f"{plan.noise_multiplier:.4g}; planned epsilon "
                   f"{cal['calibrated']['planned_epsilon']:.4g})")
     return plan, cal
 

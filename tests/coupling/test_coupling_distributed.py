@@ -16,9 +16,10 @@ is pinned. The decoded release is coupled (D' continues from D's model).
 
 The noise test runs the plan's round on fixed updates, reads the modular sum the server
 decodes, subtracts the clients' noiseless rounded rows (recomputed from their own seed-tree
-streams) and checks the remainder against ``Skellam(n mu)`` (n the clients in the sum; the
-priced variance is ``(n_min - k) mu``) with a chi-square test on the exact pmf; three wrong
-noise draws fail the same test.
+streams) and checks the remainder against ``Skellam(n mu_n)`` (n the clients in the sum, each
+adding the share for its cohort, ``mu_n = mu (n_min - k) / (s(n) - k)``; the priced variance
+is ``(n_min - k) mu``) with a chi-square test on the exact pmf; three wrong noise draws fail
+the same test.
 """
 
 from __future__ import annotations
@@ -82,13 +83,16 @@ def spy_distributed(mp: pytest.MonkeyPatch, tap: Tap, target: int) -> None:
                             tree=tree, secure=secure)
 
     def client_input(self: Any, client: int, update: Any, *, rng: Any,
-                     rotation_seed: int) -> Any:
+                     rotation_seed: int, cohort: Any = None) -> Any:
         if tap.replaying and client == target:  # zero-out: the null update, the same share
             update = np.zeros_like(update)
-        quiet = dataclasses.replace(self.mechanism(MAX_BITS), _noise=False)
+        # the round's share (scaled to the cohort, the same on D and D') never moves the
+        # rounding coins, drawn before it: the noiseless row is the plan's encoder's
+        quiet = dataclasses.replace(self.share_mechanism(cohort, MAX_BITS), _noise=False)
         row = quiet.encode(update, rng=copy.deepcopy(rng), rotation_seed=rotation_seed)
         tap.ctx["rows"][client] = center_modular(row, MAX_BITS)
-        return real_input(self, client, update, rng=rng, rotation_seed=rotation_seed)
+        return real_input(self, client, update, rng=rng, rotation_seed=rotation_seed,
+                          cohort=cohort)
 
     def decode(self: Any, modular_sum: Any, *, survivors: int, divisor: float,
                rotation_seed: int, like: Any = None) -> Any:
@@ -302,6 +306,38 @@ def test_the_decoded_sum_carries_skellam_n_mu_and_the_priced_noise() -> None:
     # what the ledger prices: (n_min - k) shares of mu, all present in the sum
     ev = plan.round_event()
     assert ev.central_variance == pytest.approx(n_mu) and ev.survivors == 3
+
+
+@pytest.mark.parametrize("f, n_min, k, clients, per_share", [
+    (0.0, 2, 0, 4, 0.5),     # s(4) = 4: 4 shares of mu / 2, n_min mu in all
+    (0.0, 3, 1, 5, 0.5),     # s(5) = 5: (n_min - k) mu / (s - k) = mu / 2 each
+    (0.5, 2, 0, 5, 2 / 3),   # s(5) = max(2, ceil(2.5)) = 3: 2 mu / 3 each
+    (1.0, 2, 0, 4, 1.0),     # s(n) = n_min: every client adds mu (the fixed-share protocol)
+])
+def test_shares_scaled_to_the_cohort_carry_the_priced_noise(f: float, n_min: int, k: int,
+                                                            clients: int,
+                                                            per_share: float) -> None:
+    """A released round of n > n_min clients: each adds Skellam(mu_n), mu_n = mu (n_min - k) /
+    (s(n) - k); the decoded sum's noise is Skellam(n mu_n) (the chi-square test above), and
+    its honest part (s(n) - k) mu_n is the priced (n_min - k) mu: at f = 0 with no colluders
+    the sum carries exactly n_min mu, not n mu."""
+    plan = dataclasses.replace(NOISE_PLAN, num_clients=clients, min_survivors=n_min,
+                               colluders=k, dropout_tolerance=f)
+    mu = plan.noise_per_client
+    s = plan.share_survivors(clients)
+    assert plan.noise_share(clients) == pytest.approx(per_share * mu, rel=1e-12)
+    assert (s - k) * plan.noise_share(clients) >= (n_min - k) * mu
+    z = _noise_samples(plan, rounds=8, clients=clients)
+    total = clients * plan.noise_share(clients)
+    assert np.var(z) == pytest.approx(total, rel=0.05)
+    assert _chi_square_p(z, total) > 1e-3
+    if f == 0.0 and k == 0:  # exactly the priced variance, not n mu
+        assert total == pytest.approx(n_min * mu, rel=1e-12)
+        assert _chi_square_p(z, clients * mu) < 1e-6
+    # the ledger's event: (n_min - k) shares of mu, whatever f
+    ev = plan.round_event()
+    assert ev.noise_per_client == mu and ev.survivors == n_min - k
+    assert ev == dataclasses.replace(plan, dropout_tolerance=1.0).round_event()
 
 
 @pytest.mark.parametrize("wrong", ["one share", "half noise", "rounded gaussian"])

@@ -10,6 +10,7 @@ or charges twice, and flags accepted where they do not apply.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -27,6 +28,7 @@ from fl_examples.core.distributed import (
     distributed_plan,
     released_rate,
     rotation_seed,
+    share_survivors,
 )
 from fl_examples.core.dp_modes import POPULATION, ClientDpPlan
 from fl_examples.core.seeds import SeedTree
@@ -204,7 +206,8 @@ def test_resume_counts_and_charges_once(data, tmp_path):
     resumed = run_algorithm("fedavg", cfg, data, iterations=8, out=tmp_path, resume=True)
     for k in whole["model"]:
         assert torch.equal(whole["model"][k], resumed["model"][k]), k
-    for key in ("charged_rounds", "skipped_rounds", "wrapped_rounds", "epsilon_max"):
+    for key in ("charged_rounds", "skipped_rounds", "wrapped_rounds", "epsilon_max",
+                "mean_noise_per_client", "mean_released_noise_multiplier"):
         assert resumed["privacy"][key] == whole["privacy"][key], key
 
 
@@ -302,3 +305,201 @@ def test_the_secure_sum_is_the_unwrapped_sum_modulo_2_bits():
                    for c in range(3)))
     total = plan.mechanism().secure_sum(list(ys))
     assert np.array_equal(center_modular(total, 16), np.sum(xs, axis=0))
+
+
+# --------------------------------------------------------------------------- shares scaled
+# to the cohort (``dropout_tolerance`` f): a released round of n clients adds shares for
+# s(n) = max(n_min, ceil((1 - f) n)) survivors; nothing priced changes.
+@pytest.mark.parametrize("f, n, n_min, want", [
+    (0.0, 100, 78, 100), (0.1, 100, 78, 90), (0.1, 10, 5, 9), (0.5, 100, 78, 78),
+    (1.0, 100, 78, 78), (0.0, 78, 78, 78), (0.2, 100, 78, 80), (1.0, 163, 78, 78)])
+def test_share_survivors_is_max_n_min_ceil_1_minus_f_n(f, n, n_min, want):
+    assert share_survivors(n, n_min, f) == want
+    if n_min == 78:  # the plan's (2000 clients at q 0.05: the default n_min is 78)
+        plan = _plan(num_clients=2000, client_rate=0.05, dropout_tolerance=f)
+        assert plan.min_survivors == 78 and plan.share_survivors(n) == want
+
+
+@pytest.mark.parametrize("f", [0.0, 0.05, 0.37, 0.9, 1.0])
+@pytest.mark.parametrize("k", [0, 1, 7])
+def test_any_share_survivors_hold_the_priced_variance(f, k):
+    plan = _plan(num_clients=200, client_rate=0.5, colluders=k, dropout_tolerance=f)
+    mu, h = plan.noise_per_client, plan.honest_shares
+    for n in range(plan.min_survivors, 200 + 1):
+        s, share = plan.share_survivors(n), plan.noise_share(n)
+        assert plan.min_survivors <= s <= n and 0 < share <= mu
+        assert (s - k) * share >= h * mu  # exactly, in floating point
+        assert share == pytest.approx(mu * h / (s - k), rel=1e-15)
+        if f == 1.0:
+            assert share == mu
+
+
+def _release_sum(plan, n, *, data_round=2, seed=11):
+    """The modular sum the server decodes in one released round of clients 0..n-1, and the
+    new model."""
+    from privkit.mechanisms.distributed import DistributedSkellam
+
+    seen = []
+    real = DistributedSkellam.decode
+
+    def decode(self, s, **kw):
+        seen.append(np.asarray(s).copy())
+        return real(self, s, **kw)
+
+    g = torch.Generator().manual_seed(0)
+    w = {"a": torch.zeros(plan.dim - 7), "b": torch.zeros(7)}
+    local = {k: 0.2 * torch.randn(n, *v.shape, generator=g) for k, v in w.items()}
+    state: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DistributedSkellam, "decode", decode)
+        new = plan.release(w, local, state, sel=np.arange(n), data_round=data_round,
+                           tree=SeedTree(seed))
+    return seen[0], new, state, local, w
+
+
+def test_f_1_reproduces_the_fixed_share_encodings_bit_for_bit():
+    """f = 1: every client adds mu, as before the shares were scaled: the secure sum of a
+    round of 6 > n_min = 3 clients is the one the fixed-share plan produced (digests recorded
+    before the change), and is each client's ``mechanism().encode`` from its own stream."""
+    import hashlib
+
+    plan = DistributedDpPlan(num_clients=6, client_rate=1.0, l2_clip_norm=1.0,
+                             noise_per_client=50.0, granularity=0.01, bits=16, dim=40,
+                             min_survivors=3, dropout_tolerance=1.0)
+    total, new, _, local, w = _release_sum(plan, 6)
+    assert hashlib.sha256(total.astype("<u8").tobytes()).hexdigest() == (
+        "8d2ec809ccb0d2abcd1d9c251a69117331559fb30de4eb31e9d30ca35bc33720")
+    assert hashlib.sha256(b"".join(new[k].numpy().astype("<f4").tobytes()
+                                   for k in new)).hexdigest() == (
+        "c86eb192188fc1e701e87d08a336b8d66bcfcde1605ca694bdc1a903a88671b6")
+    tree, seed = SeedTree(11), rotation_seed(SeedTree(11), 2)
+    rows = [plan.mechanism().encode(np.concatenate([(local[k][c] - w[k]).double().numpy()
+                                                    for k in w]),
+                                    rng=tree.numpy(2, f"{NOISE_STREAM}/{c}"),
+                                    rotation_seed=seed) for c in range(6)]
+    assert np.array_equal(total, plan.mechanism().secure_sum(rows))
+    # f = 0 scales the same clients' shares (mu / 2 each: shares for 6 survivors)
+    scaled, _, state, _, _ = _release_sum(dataclasses.replace(plan, dropout_tolerance=0.0), 6)
+    assert not np.array_equal(scaled, total)
+    assert state["distributed_shares"] == {
+        "shares": 6, "variance": pytest.approx(6 * 25.0),
+        "released_z": pytest.approx(0.01 * np.sqrt(150.0))}
+
+
+def test_the_share_changes_only_the_skellam_parameter_of_the_clients_own_stream():
+    """A client's residues in a round of n clients are the share mechanism's encoding from its
+    own stream: the rounding coins (drawn first) are the fixed-share encoding's, and adding
+    or zeroing another client never moves them (n is the same under zero-out)."""
+    plan = _plan(num_clients=20, client_rate=0.5, min_survivors=5)
+    tree, seed = SeedTree(5), rotation_seed(SeedTree(5), 2)
+    u = np.random.default_rng(3).normal(size=300) * 0.05
+    ours = plan.client_input(7, u, rng=tree.numpy(2, f"{NOISE_STREAM}/7"), rotation_seed=seed,
+                             cohort=12)
+    again = plan.share_mechanism(12, 62).encode(u, rng=tree.numpy(2, f"{NOISE_STREAM}/7"),
+                                                rotation_seed=seed)
+    assert np.array_equal(ours[0], again & np.uint64((1 << 16) - 1))
+    assert plan.share_mechanism(12).noise_per_client == plan.noise_share(12)
+    quiet = [dataclasses.replace(m, _noise=False).encode(u, rng=tree.numpy(
+        2, f"{NOISE_STREAM}/7"), rotation_seed=seed)
+        for m in (plan.mechanism(), plan.share_mechanism(12))]
+    assert np.array_equal(*quiet)
+
+
+def test_a_round_below_its_share_survivors_is_refused():
+    plan = _plan(num_clients=40, client_rate=0.5, min_survivors=10, dropout_tolerance=0.25)
+    assert plan.share_survivors(20) == 15
+    assert plan.check_survivors(20, 15) == 15 and plan.check_survivors(20, 20) == 20
+    with pytest.raises(InvalidParameterError) as err:
+        plan.check_survivors(20, 14)
+    assert err.value.name == "survivors"
+
+
+def test_f_0_and_f_1_charge_the_same_ledger_and_epsilon(data, tmp_path):
+    """The ledger's charges, the skipped rounds and the epsilon are the same at f = 0 and
+    f = 1 (same seed): only the released sums' noise differs, lower at f = 0."""
+    res, spends = {}, {}
+    for f in (0.0, 1.0):
+        cfg = UpcycledConfig(**BASE, client_rate=0.3, min_survivors=12, noise_multiplier=1.5,
+                             bits=16, iterations=8, dropout_tolerance=f)
+        out = tmp_path / str(f)
+        res[f] = run_algorithm("fedavg", cfg, data, iterations=8, out=out)
+        lines = [json.loads(x) for x in (out / "ledger-fedavg.jsonl").read_text().splitlines()]
+        spends[f] = [{k: v for k, v in x.items() if k in ("event", "round", "clients",
+                                                          "count", "kind")}
+                     for x in lines if x.get("kind") == "spend"]
+    a, b = res[0.0]["privacy"], res[1.0]["privacy"]
+    assert spends[0.0] == spends[1.0] and len(spends[0.0]) == a["charged_rounds"] > 0
+    for key in ("epsilon_max", "epsilon_replace_one", "charged_rounds", "skipped_rounds",
+                "noise_per_client", "noise_multiplier", "min_survivors", "released_rate",
+                "granularity", "wrap_bound_per_round"):
+        assert a[key] == b[key], key
+    assert a["epsilon_unamplified"] == b["epsilon_unamplified"]
+    assert a["dropout_tolerance"] == 0.0 and b["dropout_tolerance"] == 1.0
+    assert b["mean_noise_per_client"] == pytest.approx(b["noise_per_client"])
+    assert a["mean_noise_per_client"] < b["mean_noise_per_client"]
+    assert a["mean_released_noise_multiplier"] == pytest.approx(a["noise_multiplier"])
+    assert b["mean_released_noise_multiplier"] > 1.05 * b["noise_multiplier"]
+    assert "shares scaled to the cohort" in final_table(
+        {"algorithms": {"fedavg": {**res[0.0], "iterations": 8, "data_rounds": 8}}})
+
+
+@pytest.mark.parametrize("f", [-0.1, 1.5, float("nan"), float("inf"), "0.5", True])
+def test_dropout_tolerance_outside_0_1_is_named(f):
+    with pytest.raises(InvalidParameterError) as err:
+        UpcycledConfig(**(BASE | {"iterations": 4, "dropout_tolerance": f}))
+    assert err.value.name == "dropout_tolerance"
+    with pytest.raises(InvalidParameterError) as err:
+        DPRecConfig(aggregation="distributed", dropout_tolerance=f)
+    assert err.value.name == "dropout_tolerance"
+    with pytest.raises(InvalidParameterError) as err:
+        _plan(dropout_tolerance=f)
+    assert err.value.name == "dropout_tolerance"
+
+
+@pytest.mark.parametrize("over", [dict(aggregation="central"), dict(privacy="record",
+                                                                     aggregation=None),
+                                  dict(privacy="output", aggregation=None)])
+def test_dropout_tolerance_without_distributed_aggregation_is_named(over):
+    with pytest.raises(InvalidParameterError) as err:
+        UpcycledConfig(**(BASE | {"iterations": 4, "dropout_tolerance": 0.5} | over))
+    assert err.value.name == "dropout_tolerance"
+    with pytest.raises(InvalidParameterError) as err:
+        DPRecConfig(dropout_tolerance=0.5)
+    assert err.value.name == "dropout_tolerance"
+
+
+def test_dropout_tolerance_defaults_to_0_in_the_trainers():
+    assert UpcycledConfig(**(BASE | {"iterations": 4})).dropout_tolerance == 0.0
+    cfg = DPRecConfig(aggregation="distributed").resolved(("dpfedavg",))
+    assert cfg.dropout_tolerance == 0.0
+
+
+@pytest.mark.parametrize("trainer, extra", [
+    ("upcycled", ["--privacy", "client", "--dataset", "synthetic:iid@40/40"]),
+    ("dprec", ["--algorithms", "dpfedavg"])])
+@pytest.mark.parametrize("value, aggregation", [("nan", "distributed"), ("2", "distributed"),
+                                                ("0.5", "central")])
+def test_cli_refuses_dropout_tolerance_in_one_line(trainer, extra, value, aggregation,
+                                                   tmp_path, capsys):
+    code = main(["train", trainer, *extra, "--aggregation", aggregation,
+                 "--dropout-tolerance", value, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--dropout-tolerance" in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_wrap_bound_for_fixed_shares_covers_the_scaled_ones():
+    """The plan's wrap-around bound assumes every client of the cohort bound adds mu; a
+    cohort's scaled shares (mu_n <= mu) have a smaller bound at every cohort size up to it."""
+    from privkit.accountants.distributed import wraparound_probability
+
+    plan = _plan(num_clients=2000, client_rate=0.05, bits=14, noise_multiplier=0.5)
+    m = plan.mechanism()
+    fixed = plan.wrap_bound
+    for n in range(plan.min_survivors, plan.cohort_bound + 1, 5):
+        scaled = wraparound_probability(clients=n, noise_per_client=plan.noise_share(n),
+                                        scaled_clip=m.scaled_clip, padded_dim=m.padded_dim,
+                                        bits=14)
+        assert scaled <= wraparound_probability(
+            clients=n, noise_per_client=plan.noise_per_client, scaled_clip=m.scaled_clip,
+            padded_dim=m.padded_dim, bits=14) <= fixed

@@ -159,7 +159,9 @@ def _show(r: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- sections
 def server_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
-                   bits_list: tuple[int, ...] = (16, 20)) -> list[dict[str, Any]]:
+                   bits_list: tuple[int, ...] = (16, 20),
+                   algorithms: tuple[str, ...] = ("fedavg", "upcycled")
+                   ) -> list[dict[str, Any]]:
     """Both modes priced against the server (module docstring)."""
     rows = []
     for spec, rounds, q, clip, epochs, batch, lr in SETUPS[:1]:
@@ -167,7 +169,7 @@ def server_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
         ds = parse_dataset_spec(spec, seed=0)
         base = _base(spec, q, clip, epochs, batch, lr)
         dim = num_parameters(_model(UpcycledConfig(**base), ds))
-        for alg in ("fedavg", "upcycled"):
+        for alg in algorithms:
             for e in epsilons:
                 z = central_z(e, rounds)
                 cfg = UpcycledConfig(**base, noise_multiplier=z, adaptive_clip=0.0)
@@ -202,7 +204,9 @@ def server_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
     return rows
 
 
-def every_round_section(quick: bool, epsilons: tuple[float, ...], seeds: int
+def every_round_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
+                        bits_list: tuple[int, ...] = (16, 20),
+                        algorithms: tuple[str, ...] = ("fedavg", "upcycled")
                         ) -> list[dict[str, Any]]:
     """Every client in every round, the trainers' own calibration (module docstring)."""
     spec, rounds, _, clip, epochs, batch, lr = SETUPS[1]
@@ -210,7 +214,7 @@ def every_round_section(quick: bool, epsilons: tuple[float, ...], seeds: int
     ds = parse_dataset_spec(spec, seed=0)
     base = _base(spec, 1.0, clip, epochs, batch, lr)
     rows = []
-    for alg, e in ((a, e) for a in ("fedavg", "upcycled") for e in epsilons):
+    for alg, e in ((a, e) for a in algorithms for e in epsilons):
         ref, p, secs = _run(alg, UpcycledConfig(**base, noise_for_epsilon=e,
                                                 adaptive_clip=0.0), ds, rounds, seeds)
         rows.append(_row(section="every-round", dataset=spec, algorithm=alg,
@@ -220,7 +224,7 @@ def every_round_section(quick: bool, epsilons: tuple[float, ...], seeds: int
                          seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in ref),
                          seconds=secs, note=f"z {p['noise_multiplier']:.3g}, q 1"))
         _show(rows[-1])
-        for bits in (16, 20):
+        for bits in bits_list:
             cfg = UpcycledConfig(**base, noise_for_epsilon=e, aggregation="distributed",
                                  bits=bits)
             accs, p, secs = _run(alg, cfg, ds, rounds, seeds)
@@ -470,7 +474,19 @@ def main() -> None:
     ap.add_argument("--supernodes", type=int, default=None,
                     help="Flower SuperNodes (default 20; 6 with --quick)")
     ap.add_argument("--flower-rounds", type=int, default=20)
+    ap.add_argument("--bits", default="16,20",
+                    help="server, every-round: the moduli compared (comma-separated)")
+    ap.add_argument("--algorithms", default="fedavg,upcycled",
+                    help="server, every-round: fedavg, upcycled or both")
     args = ap.parse_args()
+    try:
+        bits_list = tuple(int(b) for b in args.bits.split(",") if b.strip())
+    except ValueError:
+        raise SystemExit(f"--bits: integers separated by commas, got {args.bits!r}") from None
+    algorithms = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
+    if not bits_list or not algorithms or not set(algorithms) <= {"fedavg", "upcycled"}:
+        raise SystemExit("--bits and --algorithms: at least one each; algorithms fedavg, "
+                         f"upcycled (got {args.bits!r}, {args.algorithms!r})")
     torch.set_num_threads(1)
     seeds = args.seeds or (1 if args.quick else 2)
     epsilons = (4.0,) if args.quick else (2.0, 4.0, 8.0)
@@ -484,10 +500,10 @@ def main() -> None:
     t0 = time.perf_counter()
     if "server" in sections:
         print("server: both modes priced against the server (every round, no amplification)")
-        rows += server_section(args.quick, epsilons, seeds)
+        rows += server_section(args.quick, epsilons, seeds, bits_list, algorithms)
     if "every-round" in sections:
         print("every-round: every client in every round (q = 1)")
-        rows += every_round_section(args.quick, epsilons, seeds)
+        rows += every_round_section(args.quick, epsilons, seeds, bits_list, algorithms)
     if "bits" in sections:
         print("bits: accuracy against the modulus at epsilon 4 (server threat model)")
         rows += bits_section(args.quick, seeds)

@@ -101,6 +101,8 @@ from privkit import _validate
 from privkit.accountants.distributed import (
     SKELLAM_NOTE,
     calibrate_distributed,
+    finest_granularity,
+    released_rate,
     skellam_chernoff_tail,
     wraparound_probability,
 )
@@ -204,29 +206,6 @@ def default_min_survivors(num_clients: int, rate: float) -> int:
     return max(1, int(_binom().ppf(SKIP_RATE, n, p)))
 
 
-def released_rate(num_clients: int, rate: float, min_survivors: int) -> float:
-    """``q' = P(client in the cohort | cohort >= n)`` for Poisson sampling of N clients at rate
-    p: ``p P(Bin(N - 1, p) >= n - 1) / P(Bin(N, p) >= n)``, rounded up and kept in [p, 1]
-    (module docstring: the rate a released round is amplified at).
-
-    Example:
-        >>> round(released_rate(2000, 0.05, 78), 6), released_rate(30, 1.0, 30)
-        (0.05011, 1.0)
-    """
-    n = _validate.positive_int("num_clients", num_clients)
-    p = _validate.probability("rate", rate)
-    k = _validate.positive_int("min_survivors", min_survivors)
-    if p == 1 or k <= 0:
-        return p
-    b = _binom()
-    den = float(b.sf(k - 1, n, p))  # P(Bin(N, p) >= k)
-    if not den > 0:
-        return 1.0
-    num = float(b.sf(k - 2, n - 1, p)) if k >= 2 else 1.0  # P(Bin(N-1, p) >= k-1)
-    q = p * num / den * (1 + 1e-9)
-    return float(min(1.0, max(p, q)))
-
-
 def cohort_bound(num_clients: int, rate: float) -> int:
     """The largest cohort but one in ``1 / COHORT_TAIL`` rounds: the smallest m with
     ``P(Bin(N, p) > m) <= COHORT_TAIL`` (N at p = 1).
@@ -278,26 +257,11 @@ def granularity_for_noise(noise_multiplier: float, *, clip: float, honest: int, 
         return wraparound_probability(clients=n, noise_per_client=mu(gamma),
                                       scaled_clip=c / gamma, padded_dim=d, bits=b)
 
-    finest = c / (2.0**30 - math.sqrt(d) - 2.0)
-    if wrap(finest) <= max_wrap_probability:
-        return finest, mu(finest)
-    good = c
-    while wrap(good) > max_wrap_probability:
-        good *= 2.0
-        if good > c * 2.0**20:
-            raise InvalidParameterError(
-                "bits", bits, f"enough for {n} clients at noise multiplier {z:g}: their sum "
-                f"does not fit in 2^{b - 1} on any grid (raise --bits)")
-    bad = finest
-    for _ in range(60):
-        mid = math.sqrt(bad * good)
-        if wrap(mid) <= max_wrap_probability:
-            good = mid
-        else:
-            bad = mid
-        if good / bad < 1 + 1e-6:
-            break
-    return good, mu(good)
+    gamma = finest_granularity(
+        wrap, clip=c, padded_dim=d, max_wrap_probability=max_wrap_probability, bits=bits,
+        too_coarse=f"enough for {n} clients at noise multiplier {z:g}: their sum does not fit "
+                   f"in 2^{b - 1} on any grid (raise --bits)")
+    return gamma, mu(gamma)
 
 
 # ---------------------------------------------------------------------------- the plan

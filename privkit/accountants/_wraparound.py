@@ -10,10 +10,13 @@ chooses its grid by it. The public names are exported from
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from privkit import _validate
+from privkit.errors import InvalidParameterError
 
-__all__ = ["skellam_chernoff_tail", "wraparound_probability"]
+__all__ = ["skellam_chernoff_tail", "wraparound_probability", "finest_granularity"]
 
 
 def skellam_chernoff_tail(t: float, variance: float, subgaussian_variance: float = 0.0) -> float:
@@ -78,3 +81,41 @@ def wraparound_probability(*, clients: int, noise_per_client: float, scaled_clip
     t = 2.0 ** (b - 1) - n
     v = (n * c) ** 2 / d
     return min(1.0, 2.0 * d * skellam_chernoff_tail(t, n * mu, v))
+
+
+def finest_granularity(wrap: Callable[[float], float], *, clip: float, padded_dim: int,
+                       max_wrap_probability: float, bits: Any, too_coarse: str) -> float:
+    """The finest grid gamma whose wrap-around bound ``wrap(gamma)`` is at most
+    ``max_wrap_probability``: the finest grid the int64 norms allow (``(C / gamma + sqrt(d) +
+    1)^2 < 2^62`` with room) if it fits, else a bisection on log gamma between it and the
+    first of C, 2C, 4C, ... that fits (every standard deviation of the sum scales as
+    1 / gamma, so the bound falls as gamma grows; ``wrap`` may return inf for a grid that
+    needs more noise than a client may draw). The answer is an evaluated grid that fits.
+
+    Raises:
+        InvalidParameterError: naming ``bits`` (the requirement ``too_coarse``): not even
+            2^20 C fits.
+
+    Example:
+        >>> round(finest_granularity(lambda g: 1e-3 / g, clip=1.0, padded_dim=4,
+        ...                          max_wrap_probability=1e-6, bits=16, too_coarse="-"), 1)
+        1000.0
+    """
+    finest = clip / (2.0**30 - math.sqrt(padded_dim) - 2.0)
+    if wrap(finest) <= max_wrap_probability:
+        return finest
+    good = clip
+    while wrap(good) > max_wrap_probability:
+        good *= 2.0
+        if good > clip * 2.0**20:
+            raise InvalidParameterError("bits", bits, too_coarse)
+    bad = finest
+    for _ in range(60):  # wrap(bad) > max >= wrap(good)
+        mid = math.sqrt(bad * good)
+        if wrap(mid) <= max_wrap_probability:
+            good = mid
+        else:
+            bad = mid
+        if good / bad < 1 + 1e-6:
+            break
+    return good

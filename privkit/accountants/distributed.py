@@ -71,7 +71,11 @@ from typing import Any
 from privkit import _validate
 from privkit.accountants._methods import Method
 from privkit.accountants._skellam import SAMPLING_NOTE, SKELLAM_NOTE, sampled_rdp, skellam_rdp
-from privkit.accountants._wraparound import skellam_chernoff_tail, wraparound_probability
+from privkit.accountants._wraparound import (
+    finest_granularity,
+    skellam_chernoff_tail,
+    wraparound_probability,
+)
 from privkit.errors import InvalidParameterError
 from privkit.events import DpEvent, SelfComposedDpEvent
 from privkit.events.distributed import (
@@ -94,6 +98,8 @@ __all__ = [
     "sampled_rdp",
     "skellam_chernoff_tail",
     "wraparound_probability",
+    "finest_granularity",
+    "released_rate",
     "calibrate_distributed",
     "SKELLAM_NOTE",
     "SAMPLING_NOTE",
@@ -174,6 +180,31 @@ class DistributedCalibration:
                 "noise_per_client": self.noise_per_client, "bits": self.bits, "dim": self.dim,
                 "min_survivors": self.min_survivors, "colluders": self.colluders,
                 "beta": self.beta, "sampling_probability": self.sampling_probability}
+
+
+def released_rate(num_clients: int, rate: float, min_survivors: int) -> float:
+    """``q' = P(client in the cohort | cohort >= n_min)`` for Poisson sampling of N clients at
+    rate p: ``p P(Bin(N - 1, p) >= n_min - 1) / P(Bin(N, p) >= n_min)``, rounded up and kept
+    in [p, 1]: the rate a *released* round is amplified at when rounds with fewer than
+    ``min_survivors`` clients are skipped (joint convexity; against outsiders only). Used by
+    the trainers' distributed mode and by :class:`privkit.flower.DistributedDP`.
+
+    Example:
+        >>> round(released_rate(2000, 0.05, 78), 5), released_rate(20, 1.0, 20)
+        (0.05011, 1.0)
+    """
+    n = _validate.positive_int("num_clients", num_clients)
+    p = _validate.probability("rate", rate)
+    k = _validate.positive_int("min_survivors", min_survivors)
+    if p == 1:
+        return p
+    from scipy.stats import binom
+
+    den = float(binom.sf(k - 1, n, p))  # P(Bin(N, p) >= k)
+    if not den > 0:
+        return 1.0
+    num = float(binom.sf(k - 2, n - 1, p)) if k >= 2 else 1.0  # P(Bin(N-1, p) >= k-1)
+    return float(min(1.0, max(p, p * num / den * (1 + 1e-9))))
 
 
 def calibrate_distributed(target_epsilon: float, delta: float, rounds: int, clients: int,
@@ -264,32 +295,16 @@ def calibrate_distributed(target_epsilon: float, delta: float, rounds: int, clie
         return wraparound_probability(clients=n, noise_per_client=mu, scaled_clip=c_norm / gamma,
                                       padded_dim=d, bits=b)
 
-    # the finest grid the int64 norms allow: (c + sqrt(d) + 1)^2 < 2^62 with room
-    finest = c_norm / (2.0**30 - math.sqrt(d) - 2.0)
     if granularity is not None:
         gamma = _validate.positive("granularity", granularity)
+        finest = c_norm / (2.0**30 - math.sqrt(d) - 2.0)  # finest_granularity's int64 limit
         if gamma < finest:
             raise InvalidParameterError("granularity", granularity, f">= {finest!r} (int64)")
-    elif wrap(finest) <= wrap_max:
-        gamma = finest
     else:
-        good = c_norm  # c = 1; coarser grids if even that wraps
-        while wrap(good) > wrap_max:
-            good *= 2.0
-            if good > c_norm * 2.0**20:
-                raise InvalidParameterError(
-                    "bits", bits, f"enough for {n} clients: the sum of their rounding errors "
-                    f"alone nears 2^{b - 1} (raise bits or max_wrap_probability)")
-        bad = finest
-        for _ in range(60):  # bisection on log gamma: wrap(bad) > max >= wrap(good)
-            mid = math.sqrt(bad * good)
-            if wrap(mid) <= wrap_max:
-                good = mid
-            else:
-                bad = mid
-            if good / bad < 1 + 1e-6:
-                break
-        gamma = good
+        gamma = finest_granularity(
+            wrap, clip=c_norm, padded_dim=d, max_wrap_probability=wrap_max, bits=bits,
+            too_coarse=f"enough for {n} clients: the sum of their rounding errors alone "
+                       f"nears 2^{b - 1} (raise bits or max_wrap_probability)")
     mu, eps, method = noise(gamma)
     if mu > MAX_NOISE_PER_CLIENT:
         raise InvalidParameterError("granularity", gamma,

@@ -94,6 +94,7 @@ from flwr.supercore import log
 import privkit
 from privkit import _validate
 from privkit._rng import SecureRandom
+from privkit.accountants.distributed import released_rate
 from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import BudgetExceededError, InvalidParameterError, PrivkitError
 from privkit.events.distributed import DISTRIBUTED_TRUST_ASSUMPTION
@@ -197,29 +198,6 @@ def modular_sum_from_secaggplus(aggregated: Any, survivors: int, bits: int) -> n
         raise PrivkitError("the secure sum is not a residue modulo 2^bits: SecAgg+ was not "
                            "configured with secaggplus_parameters")
     return s.astype(np.uint64)
-
-
-def released_rate(num_clients: int, rate: float, min_survivors: int) -> float:
-    """``q' = P(node sampled | cohort >= n_min) = p P(Bin(N-1, p) >= n_min - 1) /
-    P(Bin(N, p) >= n_min)``, rounded up and kept in [p, 1]: the amplification of a released
-    round (the trainers' :func:`fl_examples.core.distributed.released_rate`).
-
-    Example:
-        >>> round(released_rate(2000, 0.05, 78), 5), released_rate(20, 1.0, 20)
-        (0.05011, 1.0)
-    """
-    n = _validate.positive_int("num_clients", num_clients)
-    p = _validate.probability("rate", rate)
-    k = _validate.positive_int("min_survivors", min_survivors)
-    if p == 1:
-        return p
-    from scipy.stats import binom
-
-    den = float(binom.sf(k - 1, n, p))
-    if not den > 0:
-        return 1.0
-    num = float(binom.sf(k - 2, n - 1, p)) if k >= 2 else 1.0
-    return float(min(1.0, max(p, p * num / den * (1 + 1e-9))))
 
 
 def client_noise_stream(noise_seed: int, server_round: int, node_id: int) -> Any:

@@ -10,7 +10,8 @@ confidence:
   mechanism) or over all thresholds with the simultaneous band (q < 1, where the scores are
   log-likelihood ratios); ``CP`` is Clopper-Pearson over all thresholds (no GDP assumption).
 - **one run**: ``--canaries`` canaries with fair coins in one run: Steinke, Nasr & Jagielski's
-  bound (``Steinke``) and the Gaussian one-run bound (``Gauss``).
+  bound (``Steinke``) and the Gaussian one-run bound (``Gauss``), each the median [range] of
+  ``--seeds`` runs (a single run's bound moves by a third from seed to seed).
 
 Settings (synthetic tasks, the real privkit code in every release):
 
@@ -35,11 +36,17 @@ Then the overhead of auditing: a DP-FedAvg run on a synthetic logistic-regressio
 scored every round) against the same run without, over several seeds: the wall-time ratio
 and the test-accuracy drop.
 
-Published one-run figures: Steinke et al. (NeurIPS 2023) and Agrawal et al. (2026, "Let's
-Ask Gauss") report one-run bounds for DP-SGD on CIFAR-10 in figures; this bench does not
-print numbers from them (docs/audit-runs.md says why).
+The one-run methods' ceiling: beside each setting's one-run bounds, ``ideal`` gives the
+median (and range) over ``--seeds`` seeds of what the same two methods certify when each
+canary's score is the accounted mechanism itself (a unit-variance Gaussian shifted by 1/z in
+each round it is sampled, scored by its exact log-likelihood ratio; no model, no other
+clients), with the run's m canaries and with ten times as many. It is the most a one-run audit
+with that many canaries can show, so a run's one-run bound is read against it, not only
+against the accounted epsilon. Steinke et al. (NeurIPS 2023) and Agrawal et al. (2026, "Let's
+Ask Gauss") plot their one-run bounds for DP-SGD on CIFAR-10; this bench prints no number
+from their papers (docs/audit-runs.md says why).
 
-Run ``python bench/audit_runs.py`` (about 5 minutes on two busy cores), ``--quick`` for a
+Run ``python bench/audit_runs.py`` (2-6 minutes on two shared cores), ``--quick`` for a
 CI-size check (about 30 seconds: epsilon 4 only, a tenth of the trials).
 """
 
@@ -200,19 +207,53 @@ def dpsgd_one_run(task: DpSgdTask, m: int, seed: int) -> tuple[np.ndarray, np.nd
     return sc.in_out()
 
 
+# ------------------------------------------------------------------ the one-run ceiling
+def ideal_one_run(z: float, rounds: int, q: float, m: int, seed: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """In/out scores of m canaries against the accounted mechanism itself: fair coins; an
+    included canary shifts each of its rounds' unit-variance Gaussian by 1/z when Poisson-
+    sampled (probability q); the score is the exact log-likelihood ratio summed over rounds."""
+    rng = np.random.default_rng(seed)
+    mu = 1.0 / z
+    inc = rng.random(m) < 0.5
+    shift = (rng.random((m, rounds)) < q) & inc[:, None]
+    llr = mu * (shift * mu + rng.standard_normal((m, rounds))) - mu * mu / 2
+    s = llr.sum(1) if q == 1 else np.log1p(q * np.expm1(llr)).sum(1)
+    return s[inc], s[~inc]
+
+
+def ideal_line(z: float, rounds: int, q: float, m: int, seeds: int) -> str:
+    cells = []
+    for mm in (m, 10 * m):
+        st, ga, _, _ = one_run_cells([ideal_one_run(z, rounds, q, mm, 1000 + seed)
+                                      for seed in range(seeds)])
+        cells.append(f"m={mm}: Steinke {st}, Gauss {ga}")
+    return f"{'':<13} ideal one run: " + "; ".join(cells)
+
+
 # ------------------------------------------------------------------ the table
+def one_run_cells(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[str, str, float, float]:
+    """Median [range] over seeds of Steinke et al.'s and the Gaussian one-run bound."""
+    st = [one_run_bound(i, o, delta=DELTA).epsilon_lower_bound for i, o in runs]
+    ga = [gaussian_bound(i, o, delta=DELTA).epsilon_lower_bound for i, o in runs]
+
+    def cell(v: list[float]) -> str:
+        return f"{np.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]"
+
+    return cell(st), cell(ga), float(np.median(st)), float(np.median(ga))
+
+
 def row(name: str, eps: float, acc: float, two: tuple[np.ndarray, np.ndarray],
-        one: tuple[np.ndarray, np.ndarray], fixed: float | None, seconds: float) -> str:
+        ones: list[tuple[np.ndarray, np.ndarray]], fixed: float | None, seconds: float) -> str:
     ins, outs = two
     gdp = gdp_bound(ins, outs, delta=DELTA, thresholds="all" if fixed is None else fixed)
     cp = clopper_pearson_bound(ins, outs, delta=DELTA)
-    oi, oo = one
-    st = one_run_bound(oi, oo, delta=DELTA)
-    ga = gaussian_bound(oi, oo, delta=DELTA)
-    cells = [gdp.epsilon_lower_bound, cp.epsilon_lower_bound, st.epsilon_lower_bound,
-             ga.epsilon_lower_bound]
-    pct = " ".join(f"{v:6.3f} ({100 * v / acc:3.0f}%)" for v in cells)
-    return f"{name:<13} {eps:>3g} {acc:7.3f}  {pct}  {seconds:5.0f}s"
+    st, ga, st_med, ga_med = one_run_cells(ones)
+    two_cells = " ".join(f"{v:6.3f} ({100 * v / acc:3.0f}%)"
+                         for v in (gdp.epsilon_lower_bound, cp.epsilon_lower_bound))
+    return (f"{name:<13} {eps:>3g} {acc:7.3f}  {two_cells}  Steinke {st} "
+            f"({100 * st_med / acc:.0f}%)  Gauss {ga} ({100 * ga_med / acc:.0f}%)  "
+            f"{seconds:4.0f}s")
 
 
 def overhead(seeds: int, rounds: int, repeat: int) -> list[str]:
@@ -312,15 +353,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="CI size: epsilon 4, fewer trials")
     ap.add_argument("--trials", type=int, default=None, help="two-run trials per side")
     ap.add_argument("--canaries", type=int, default=1000, help="one-run canaries")
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="seeds of each one-run cell and of its ideal (default 5; 2 with --quick)")
     a = ap.parse_args()
     epsilons = (4.0,) if a.quick else (2.0, 4.0, 8.0)
     trials = a.trials or (1000 if a.quick else 10_000)
+    seeds = a.seeds or (2 if a.quick else 5)
+    if a.canaries < 10 or seeds < 1 or (a.trials is not None and a.trials < 100):
+        ap.error("--canaries must be >= 10, --seeds >= 1, --trials >= 100")
     t_start = time.perf_counter()
     print(f"two runs: trials per side {trials} (fedavg q=1), {trials // 10} (q=0.1), "
           f"{max(100, trials // 25)} (dp-sgd); one run: {a.canaries} canaries; every bound "
           f"at 95% confidence, delta {DELTA:g}")
-    print(f"{'setting':<13} {'eps':>3} {'account':>7}  {'2-run GDP':>14} {'2-run CP':>14} "
-          f"{'1-run Steinke':>14} {'1-run Gauss':>14}  {'time':>6}")
+    print(f"{'setting':<13} {'eps':>3} {'account':>7}  {'2-run GDP':>14} {'2-run CP':>14}  "
+          f"1-run bounds, median [range] of {seeds} seeds (share of accounted)")
     for eps in epsilons:
         t0 = time.perf_counter()
         z = calibrate(eps, 2, 1.0)
@@ -328,27 +374,31 @@ def main() -> None:
         task = FedAvg(population=10, q=1.0, rounds=2, dim=16, z=z)
         two = fedavg_two_run(task, trials, seed=1)
         big = FedAvg(population=10, q=1.0, rounds=2, dim=max(1000, a.canaries), z=z)
-        one = fedavg_one_run(big, a.canaries, seed=2)
+        ones = [fedavg_one_run(big, a.canaries, seed=2 + 100 * k) for k in range(seeds)]
         fixed = math.sqrt(task.rounds) / z / 2  # half the claimed shift, in noise units
-        print(row("fedavg q=1", eps, accounted(z, 2, 1.0), two, one, fixed,
+        print(row("fedavg q=1", eps, accounted(z, 2, 1.0), two, ones, fixed,
                   time.perf_counter() - t0), flush=True)
+        print(ideal_line(z, 2, 1.0, a.canaries, seeds), flush=True)
     for eps in epsilons:
         t0 = time.perf_counter()
         z = calibrate(eps, 10, 0.1)
         task = FedAvg(population=100, q=0.1, rounds=10, dim=16, z=z)
         two = fedavg_two_run(task, trials // 10, seed=3)
         big = FedAvg(population=100, q=0.1, rounds=10, dim=max(1000, a.canaries), z=z)
-        one = fedavg_one_run(big, a.canaries, seed=4)
-        print(row("fedavg q=0.1", eps, accounted(z, 10, 0.1), two, one, None,
+        ones = [fedavg_one_run(big, a.canaries, seed=4 + 100 * k) for k in range(seeds)]
+        print(row("fedavg q=0.1", eps, accounted(z, 10, 0.1), two, ones, None,
                   time.perf_counter() - t0), flush=True)
+        print(ideal_line(z, 10, 0.1, a.canaries, seeds), flush=True)
     for eps in epsilons:
         t0 = time.perf_counter()
         z = calibrate(eps, DpSgdTask.STEPS, DpSgdTask.BATCH / DpSgdTask.N)
         task = DpSgdTask(z)
         two = dpsgd_two_run(task, max(100, trials // 25), seed=5)
-        one = dpsgd_one_run(task, min(a.canaries, 1600), seed=6)
-        print(row("dp-sgd q=.25", eps, accounted(z, task.STEPS, task.q), two, one, None,
+        ones = [dpsgd_one_run(task, min(a.canaries, 1600), seed=6 + 100 * k)
+                for k in range(seeds)]
+        print(row("dp-sgd q=.25", eps, accounted(z, task.STEPS, task.q), two, ones, None,
                   time.perf_counter() - t0), flush=True)
+        print(ideal_line(z, task.STEPS, task.q, min(a.canaries, 1600), seeds), flush=True)
     print("overhead of auditing (M = 100 canary clients, white-box scored, vs none):")
     for line in overhead(2 if a.quick else 5, 10 if a.quick else 30, 2 if a.quick else 5):
         print(line, flush=True)

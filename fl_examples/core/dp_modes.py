@@ -37,6 +37,7 @@ from privkit.errors import BudgetExceededError, InvalidParameterError
 from privkit.events import NOISE_MULTIPLIER_NOTE
 from privkit.events.mechanisms import NeighboringRelation
 from privkit.ledger import Ledger
+from privkit.mechanisms import row_l2_norms
 from privkit.mechanisms.aggregate import (
     TRUST_ASSUMPTION,
     AdaptiveClipping,
@@ -266,7 +267,7 @@ class ClientDpPlan:
         delta = torch.cat([local[n].reshape(k, v.numel()) for n, v in w.items()], 1)
         delta -= flat_w
         if self.adaptive is not None:
-            norms = torch.linalg.vector_norm(delta, dim=1, dtype=torch.float64)
+            norms = row_l2_norms(delta)  # float64, without a float64 copy of the rows
             state["clip"] = self.adaptive.update(clip, norms,
                                                  expected_clients=self.expected_clients,
                                                  rng=generator)

@@ -29,7 +29,7 @@ from privkit.mechanisms.bandmf import (
     BandMFState,
     TreeStrategy,
 )
-from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm
+from privkit.mechanisms.clipping import clip_l2, clip_per_example, l2_norm, row_l2_norms
 from privkit.mechanisms.distributed import (
     DISTRIBUTED_TRUST_ASSUMPTION,
     DistributedSkellam,
@@ -80,6 +80,7 @@ __all__ = [
     "l2_laplace_noise",
     "l2_laplace_variance",
     "l2_norm",
+    "row_l2_norms",
     "laplace_noise",
     "num_coordinates",
     "trainable_parameters",

@@ -178,15 +178,28 @@ def _rows(updates: Any, name: str) -> tuple[list[tuple[str, Any]], Any, int]:
 
 
 def _finite_rows(leaves: list[tuple[str, Any]], k: int) -> np.ndarray:
-    """(k,) bool: whether each client's row is finite in every leaf."""
+    """(k,) bool: whether each client's row is finite in every leaf.
+
+    A row's sum is finite only if every entry is (an infinity or a NaN makes any IEEE sum
+    infinite or NaN), so one cheap row sum clears almost every row; the rows whose sum is
+    not finite (a bad entry, or finite entries whose sum overflows) are checked entry by
+    entry. A pass over the data instead of a boolean copy of it."""
     ok = np.ones(k, dtype=bool)
     torch = _torch()
     for _, leaf in leaves:
         if torch is not None and isinstance(leaf, torch.Tensor):
-            fin = torch.isfinite(leaf.detach().reshape(k, -1)).all(1).cpu().numpy()
+            rows = leaf.detach().reshape(k, -1)
+            maybe = np.flatnonzero(~torch.isfinite(rows.sum(1)).cpu().numpy())
+            if maybe.size:
+                sel = torch.from_numpy(maybe).to(rows.device)
+                bad = ~torch.isfinite(rows[sel]).all(1).cpu().numpy()
+                ok[maybe[bad]] = False
         else:
-            fin = np.isfinite(np.asarray(leaf).reshape(k, -1)).all(1)
-        ok &= fin
+            rows = np.asarray(leaf).reshape(k, -1)
+            with np.errstate(over="ignore", invalid="ignore"):
+                maybe = np.flatnonzero(~np.isfinite(rows.sum(1)))
+            if maybe.size:
+                ok[maybe[~np.isfinite(rows[maybe]).all(1)]] = False
     return ok
 
 
@@ -219,6 +232,14 @@ def _sum_rows(leaf: Any, w: np.ndarray | None) -> Any:
     """Sum over the client axis in float64 (weighted), cast back to the leaf's dtype."""
     torch = _torch()
     if torch is not None and isinstance(leaf, torch.Tensor):
+        if (w is None and leaf.device.type == "cpu" and leaf.dim() > 1
+                and leaf.is_contiguous()
+                and leaf.dtype in (torch.float16, torch.float32, torch.float64)):
+            # numpy casts in small buffers as it adds the rows: no float64 copy of the
+            # whole (K, ...) leaf, the same float64 sums (rows added in order, as torch
+            # does; a 1-D or strided leaf could be summed pairwise, so it goes to torch)
+            return torch.from_numpy(np.add.reduce(leaf.detach().numpy(), axis=0,
+                                                  dtype=np.float64))
         x = leaf.to(torch.float64)
         if w is not None:
             x = x * torch.as_tensor(w, dtype=torch.float64, device=x.device).reshape(

@@ -43,7 +43,7 @@ from privkit.mechanisms.sampling import (
 )
 from privkit.mechanisms.sampling import _row_norms_f64 as _row_norms_fast
 
-__all__ = ["clip_l2", "clip_per_example", "l2_norm"]
+__all__ = ["clip_l2", "clip_per_example", "l2_norm", "row_l2_norms"]
 
 #: Float64 norms below this may have lost precision to underflowing squares.
 _TINY_F64 = 1e-150
@@ -353,6 +353,33 @@ def l2_norm(tree: Any) -> float:
     if not math.isfinite(norm):
         raise NumericalError(f"the L2 norm of tree exceeds the float64 range ({m[0]} * {r[0]})")
     return norm
+
+
+def row_l2_norms(rows: Any) -> np.ndarray:
+    """The float64 L2 norm of each row of a 2-D array or tensor (e.g. K clients' flattened
+    updates), as a numpy array of shape (K,): what adaptive clipping counts.
+
+    Read in float64 without a float64 copy of ``rows`` (CPU data through numpy, in chunks;
+    other devices by torch). A row with a NaN or infinite entry gets a NaN or infinite norm;
+    float64 rows of huge values may overflow to inf (use :func:`l2_norm` for an overflow-safe
+    norm of one tree).
+
+    Raises:
+        InvalidParameterError: ``rows`` is not a 2-D floating array or tensor.
+
+    Example:
+        >>> import numpy as np
+        >>> row_l2_norms(np.array([[3.0, 4.0], [0.0, 1.0]], np.float32))
+        array([5., 1.])
+    """
+    leaves, _ = _float_leaves(rows, "rows", allow_empty=True)
+    if len(leaves) != 1 or leaves[0][0] != "rows" or len(tuple(leaves[0][1].shape)) != 2:
+        raise InvalidParameterError("rows", getattr(rows, "shape", type(rows).__name__),
+                                    "one 2-D floating array or tensor (K, d)")
+    out = _row_norms_fast(rows)
+    if not isinstance(out, np.ndarray):  # a device tensor's norms
+        out = out.cpu().numpy()
+    return np.asarray(out, dtype=np.float64)
 
 
 def clip_l2(tree: Any, l2_clip_norm: float) -> Any:

@@ -329,17 +329,18 @@ def gaussian_noise(tree: Any, stddev: float, *, rng: Any) -> Any:
         elif kind is RngKind.SECURE:
             out.append(_from_f64(rng.gaussian(stddev, n), leaf))
         else:
-            torch = _torch()
-            z = torch.normal(
-                0.0,
-                stddev,
-                size=tuple(leaf.shape),
-                generator=rng,
-                device=rng.device,
-                dtype=_draw_dtype(leaf),
-            )
-            out.append(_from_torch(z, leaf))
+            out.append(torch_gaussian_like(leaf, stddev, rng))
     return _unflatten(spec, iter(out))
+
+
+def torch_gaussian_like(leaf: Any, stddev: float, rng: Any) -> Any:
+    """:func:`gaussian_noise`'s draw for one leaf from a ``torch.Generator`` (the same values),
+    without its checks: for a caller that validated ``stddev`` (finite, > 0), ``rng`` (a
+    ``torch.Generator``) and ``leaf`` (a floating tensor) once and draws per leaf in a loop."""
+    torch = _torch()
+    z = torch.normal(0.0, stddev, size=tuple(leaf.shape), generator=rng, device=rng.device,
+                     dtype=_draw_dtype(leaf))
+    return _from_torch(z, leaf)
 
 
 def _torch_laplace(shape: tuple[int, ...], scale: float, g: Any) -> Any:

@@ -50,7 +50,7 @@ from privkit._rng import RngKind, SecureRandom, check_rng
 from privkit.errors import InvalidParameterError
 from privkit.ledger import Ledger
 from privkit.mechanisms.aggregate import NonFiniteUpdates
-from privkit.mechanisms.sampling import gaussian_noise
+from privkit.mechanisms.sampling import gaussian_noise, torch_gaussian_like
 from privkit.torch.grads import (
     GradMethod,
     LossFn,
@@ -288,12 +288,14 @@ class DpSgd:
         if self._prepaid == 0:
             self._charge(1)
         self._prepaid -= 1
-        stddev = self.noise_multiplier * self.l2_clip_norm
+        stddev = _validate.positive("stddev", self.noise_multiplier * self.l2_clip_norm)
         expected = self.sampling_probability * self.dataset_size
+        fast = check_rng(self.generator) is RngKind.TORCH  # the same draws, checked once
         for name, p in self._params.items():  # one parameter's noise alive at a time
             g = s.grads[name]
-            p.grad = g.add_(gaussian_noise({name: g}, stddev, rng=self.generator)[name]
-                            ).div_(expected)
+            noise = torch_gaussian_like(g, stddev, self.generator) if fast else \
+                gaussian_noise({name: g}, stddev, rng=self.generator)[name]
+            p.grad = g.add_(noise).div_(expected)
         self.optimizer.step()
         self.steps += 1
 

@@ -160,6 +160,44 @@ def test_a_non_finite_update_contributes_zeros_and_no_error():
     torch.testing.assert_close(out_t["a"], torch.tensor([0.0, 1.0]), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_finite_rows_whose_sum_overflows_are_kept_and_every_bad_row_is_zeroed(backend):
+    """The finiteness check sums each row first: a row of finite entries whose float32 sum
+    overflows must still count as finite (clipped, not zeroed), and a row with inf, -inf
+    and NaN together (a sum of NaN) or one infinity is zeroed."""
+    big = np.float32(3e38)
+    rows = np.array([[big, big, 0.0],  # finite, sum overflows to inf
+                     [np.inf, -np.inf, 1.0],  # sum NaN
+                     [0.0, 3.0, 4.0],
+                     [1.0, np.nan, 0.0],
+                     [-big, -big, -big]], dtype=np.float32)
+    agg = ClientLevelGaussian(l2_clip_norm=1.0, noise_multiplier=1e-30)
+    leaf = rows if backend == "numpy" else torch.from_numpy(rows)
+    rng = np.random.default_rng(0) if backend == "numpy" else torch.Generator().manual_seed(0)
+    clipped = np.asarray(agg.clip({"u": leaf})["u"], dtype=np.float64)
+    norms = np.linalg.norm(clipped, axis=1)
+    np.testing.assert_allclose(norms[[0, 2, 4]], 1.0, rtol=1e-6)  # kept and clipped
+    assert norms[1] == 0.0 and norms[3] == 0.0  # zeroed
+    out = np.asarray(agg({"u": leaf}, rng=rng)["u"], dtype=np.float64)
+    np.testing.assert_allclose(out, clipped.sum(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (1, 5), (7,), (20, 610), (3, 4, 5), (2000, 9)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_the_float64_row_sum_is_exactly_torchs(shape, dtype):
+    """The sum over the client axis (numpy, buffered float64) equals torch's float64 sum bit
+    for bit, contiguous or not."""
+    from privkit.mechanisms.aggregate import _sum_rows
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    for leaf in (x, x.transpose(0, -1).contiguous().transpose(0, -1) if x.dim() > 1 else x):
+        ref = leaf.to(torch.float64).sum(0)
+        got = _sum_rows(leaf, None)
+        assert got.dtype == torch.float64 and got.shape == ref.shape
+        assert torch.equal(got, ref)
+
+
 def test_a_list_of_per_client_trees_is_refused_and_stack_builds_the_tree():
     agg = ClientLevelGaussian(l2_clip_norm=1.0, noise_multiplier=1.0)
     rng = np.random.default_rng(0)

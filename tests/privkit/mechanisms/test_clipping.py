@@ -353,3 +353,25 @@ def test_sum_of_clipped_fp32_clients_matches_fsum():
     reference = np.array([math.fsum(rows[:, j]) for j in range(d)])
     assert np.max(np.abs(total - reference)) <= bound * 1e-6
     assert np.linalg.norm(reference) <= n * bound
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_row_l2_norms_are_float64_norms_and_refuse_what_is_not_rows(backend, dtype):
+    from privkit.mechanisms import row_l2_norms
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 333)).astype(dtype)
+    x[7, 3] = np.nan
+    x[9, 0] = np.inf
+    leaf = x if backend == "numpy" else torch.from_numpy(x)
+    got = row_l2_norms(leaf)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float64 and got.shape == (50,)
+    ref = np.sqrt((x.astype(np.float64) ** 2).sum(1))
+    ok = np.isfinite(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-13)
+    assert not np.isfinite(got[7]) and not np.isfinite(got[9])
+    assert row_l2_norms(np.zeros((0, 4), np.float32)).shape == (0,)
+    for bad in (np.ones(3), np.ones((2, 2, 2)), {"a": np.ones((2, 2))}, np.ones((2, 2), int)):
+        with pytest.raises(InvalidParameterError, match="rows"):
+            row_l2_norms(bad)

@@ -114,15 +114,14 @@ def _secant_bracket(
     last: tuple[float, float] | None = None
     want_safe = True
     for _ in range(max_steps):
-        if hi is not None and x < hi and hi / x - 1 <= tol:
-            # x closes the bracket if it is over the target, and then its epsilon is not
-            # used: the evaluation may stop as soon as that is known
-            e = eps_of(x, target)
-            if e > target:
-                assert e_hi is not None
-                return hi, e_hi
-        else:
-            e = eps_of(x)
+        # Every evaluation may stop as soon as x is known to be over the target: an over
+        # point's epsilon only steers the secant (a value in (target, eps(x)], usually eps(x)
+        # itself: the first direction priced is usually the larger), while the answer is
+        # always a safe point, whose evaluation is whole.
+        e = eps_of(x, target)
+        if hi is not None and x < hi and hi / x - 1 <= tol and e > target:
+            assert e_hi is not None
+            return hi, e_hi  # x closes the bracket
         if not (0 < e < math.inf):
             break
         if e <= target:

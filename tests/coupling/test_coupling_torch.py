@@ -68,6 +68,7 @@ def run_private(s: dict[str, Any], tap: Tap) -> None:
     with pytest.MonkeyPatch.context() as mp:
         real_take, real_sum, real_noise = private.poisson_take, private.clipped_grad_sum, \
             private.gaussian_noise
+        real_like = private.torch_gaussian_like
 
         def take(m: int, q: float, rng: Any) -> Any:
             def how(own: Any, ref: Any) -> Any:
@@ -88,9 +89,13 @@ def run_private(s: dict[str, Any], tap: Tap) -> None:
         def noise(tree: Any, stddev: float, *, rng: Any) -> Any:
             return tap.couple("noise", lambda: real_noise(tree, stddev, rng=rng))
 
+        def noise_like(leaf: Any, stddev: float, rng: Any) -> Any:  # the per-parameter draw
+            return tap.couple("noise", lambda: real_like(leaf, stddev, rng))
+
         mp.setattr(private, "poisson_take", take)
         mp.setattr(private, "clipped_grad_sum", clipped)
         mp.setattr(private, "gaussian_noise", noise)
+        mp.setattr(private, "torch_gaussian_like", noise_like)
         net = network(s["seed"])
         opt = torch.optim.SGD(net.parameters(), lr=0.5, momentum=s["momentum"])
         dp = make_private(net, opt, dataset=TensorDataset(torch.as_tensor(x),

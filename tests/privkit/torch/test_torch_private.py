@@ -161,6 +161,32 @@ def test_every_step_is_charged_before_its_noise_is_drawn(per_epoch):
     assert ledger.real.epsilons()["alice"] == pytest.approx(dp.epsilon().epsilon, rel=1e-9)
 
 
+def test_the_torch_generators_draws_are_charged_first_and_are_gaussian_noises(monkeypatch):
+    """With a torch.Generator, step() draws each parameter's noise through
+    torch_gaussian_like (checked once a step, not per tensor): every draw still comes after
+    its step's charge, and the draws are exactly gaussian_noise's."""
+    from privkit.mechanisms.sampling import gaussian_noise, torch_gaussian_like
+    from privkit.torch import private
+
+    log = _Log()
+
+    def spy(leaf, stddev, rng):
+        log.events.append(("noise", 1))
+        return torch_gaussian_like(leaf, stddev, rng)
+
+    monkeypatch.setattr(private, "torch_gaussian_like", spy)
+    ledger = _SpyLedger(log)
+    dp = _make(torch.Generator().manual_seed(3), n=40, b=10, loss_fn=None, ledger=ledger,
+               client_id="carol")
+    _updates(dp, epochs=1)
+    order = _order(log)
+    assert len(order) == 2 * dp.steps and all(order)
+    leaf = torch.zeros(3, 4)
+    a = torch_gaussian_like(leaf, 0.7, torch.Generator().manual_seed(9))
+    b = gaussian_noise({"w": leaf}, 0.7, rng=torch.Generator().manual_seed(9))["w"]
+    assert torch.equal(a, b) and a.dtype == leaf.dtype
+
+
 def test_the_order_check_catches_noise_before_the_charge():
     log = _Log()
     log.events = [("noise", 1), ("noise", 1), ("charge", 1)]

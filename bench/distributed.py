@@ -249,6 +249,17 @@ def every_round_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
     return rows
 
 
+def _accuracies(accs: list[float], seeds: int, ref: list[float] | None = None
+                ) -> dict[str, Any]:
+    """A row's accuracy fields: the mean, its standard error, the seeds and each seed's, and
+    with ``ref`` the gap to it paired by seed."""
+    out: dict[str, Any] = dict(heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
+                               seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs))
+    if ref is not None:
+        out["gap_to_central"], out["gap_se"] = _pairs(accs, ref)
+    return out
+
+
 def control_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
                     bits_list: tuple[int, ...]) -> list[dict[str, Any]]:
     """Every client in every round, FedAvg: central DP, distributed DP at each modulus, and
@@ -258,44 +269,33 @@ def control_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
     ds = parse_dataset_spec(spec, seed=0)
     base = _base(spec, 1.0, clip, epochs, batch, lr)
     rows = []
+
+    def add(mode: str, e: float, accs: list[float], p: dict[str, Any], secs: float,
+            note: str, ref: list[float] | None, **kw: Any) -> None:
+        rows.append(_row(section="control", dataset=spec, algorithm="fedavg", mode=mode,
+                         target_epsilon=e, epsilon_server=p["epsilon_max"],
+                         epsilon_headline=p["epsilon_max"], seconds=secs, note=note,
+                         **_accuracies(accs, seeds, ref), **kw))
+        _show(rows[-1])
+
     for e in epsilons:
         ref, p, secs = _run("fedavg", UpcycledConfig(**base, noise_for_epsilon=e,
                                                      adaptive_clip=0.0), ds, rounds, seeds)
         z_central = float(p["noise_multiplier"])
-        rows.append(_row(section="control", dataset=spec, algorithm="fedavg", mode="central",
-                         target_epsilon=e, epsilon_server=p["epsilon_max"],
-                         epsilon_headline=p["epsilon_max"],
-                         heldout_accuracy=float(np.mean(ref)), accuracy_se=_se(ref),
-                         seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in ref),
-                         seconds=secs, note=f"z {z_central:.4g}"))
-        _show(rows[-1])
+        add("central", e, ref, p, secs, f"z {z_central:.4g}", None)
         z_dist = None
         for bits in bits_list:
             cfg = UpcycledConfig(**base, noise_for_epsilon=e, aggregation="distributed",
                                  bits=bits)
             accs, p, secs = _run("fedavg", cfg, ds, rounds, seeds)
             z_dist = z_dist or float(p["noise_multiplier"])
-            gap, gap_se = _pairs(accs, ref)
-            rows.append(_row(section="control", dataset=spec, algorithm="fedavg",
-                             mode=f"distributed {bits}b", bits=bits, target_epsilon=e,
-                             epsilon_server=p["epsilon_max"], epsilon_headline=p["epsilon_max"],
-                             heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
-                             seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
-                             gap_to_central=gap, gap_se=gap_se, seconds=secs,
-                             note=f"z {float(p['noise_multiplier']):.4g}"))
-            _show(rows[-1])
+            add(f"distributed {bits}b", e, accs, p, secs,
+                f"z {float(p['noise_multiplier']):.4g}", ref, bits=bits)
         assert z_dist is not None
         accs, p, secs = _run("fedavg", UpcycledConfig(**base, noise_multiplier=z_dist,
                                                       adaptive_clip=0.0), ds, rounds, seeds)
-        gap, gap_se = _pairs(accs, ref)
-        rows.append(_row(section="control", dataset=spec, algorithm="fedavg",
-                         mode="central at the distributed z", target_epsilon=e,
-                         epsilon_server=p["epsilon_max"], epsilon_headline=p["epsilon_max"],
-                         heldout_accuracy=float(np.mean(accs)), accuracy_se=_se(accs),
-                         seeds=seeds, per_seed=" ".join(f"{a:.4f}" for a in accs),
-                         gap_to_central=gap, gap_se=gap_se, seconds=secs,
-                         note=f"z {z_dist:.4g} = {z_dist / z_central:.3f} x central's"))
-        _show(rows[-1])
+        add("central at the distributed z", e, accs, p, secs,
+            f"z {z_dist:.4g} = {z_dist / z_central:.3f} x central's", ref)
     return rows
 
 

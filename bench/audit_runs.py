@@ -231,6 +231,36 @@ def ideal_line(z: float, rounds: int, q: float, m: int, seeds: int) -> str:
     return f"{'':<13} ideal one run: " + "; ".join(cells)
 
 
+def separation(ins: np.ndarray, outs: np.ndarray) -> float:
+    """(mean in - mean out) / the pooled standard deviation of the scores."""
+    return float((ins.mean() - outs.mean()) / math.sqrt((ins.var() + outs.var()) / 2))
+
+
+def agreement(seeds: int, m: int) -> list[str]:
+    """At epsilon 4, each sampled setting's real one-run scores against the ideal's over many
+    seeds: the Gaussian bound's mean and the in/out separation, with standard errors."""
+    lines = []
+    z = calibrate(4.0, 10, 0.1)
+    fed = FedAvg(population=100, q=0.1, rounds=10, dim=max(1000, m), z=z)
+    zs = calibrate(4.0, DpSgdTask.STEPS, DpSgdTask.BATCH / DpSgdTask.N)
+    task = DpSgdTask(zs)
+    for name, real, zz, rounds, q, mm in (
+            ("fedavg q=0.1", lambda k: fedavg_one_run(fed, m, 4 + 100 * k), z, 10, 0.1, m),
+            ("dp-sgd q=.25", lambda k: dpsgd_one_run(task, min(m, 1600), 6 + 100 * k), zs,
+             DpSgdTask.STEPS, task.q, min(m, 1600))):
+        cells = []
+        for label, draw in (("run", real),
+                            ("ideal", lambda k: ideal_one_run(zz, rounds, q, mm, 2000 + k))):
+            pairs = [draw(k) for k in range(seeds)]
+            b = [gaussian_bound(i, o, delta=DELTA).epsilon_lower_bound for i, o in pairs]
+            sep = [separation(i, o) for i, o in pairs]
+            cells.append(f"{label}: Gauss bound mean {np.mean(b):.3f} +- "
+                         f"{np.std(b, ddof=1) / math.sqrt(seeds):.3f}, separation "
+                         f"{np.mean(sep):.4f} +- {np.std(sep, ddof=1) / math.sqrt(seeds):.4f}")
+        lines.append(f"  {name}, epsilon 4, {seeds} seeds: " + "; ".join(cells))
+    return lines
+
+
 # ------------------------------------------------------------------ the table
 def one_run_cells(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[str, str, float, float]:
     """Median [range] over seeds of Steinke et al.'s and the Gaussian one-run bound."""
@@ -353,14 +383,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="CI size: epsilon 4, fewer trials")
     ap.add_argument("--trials", type=int, default=None, help="two-run trials per side")
     ap.add_argument("--canaries", type=int, default=1000, help="one-run canaries")
+    ap.add_argument("--agreement", type=int, default=0, metavar="N",
+                    help="also compare the sampled settings' one-run scores with the ideal's "
+                         "over N seeds at epsilon 4 (N >= 2)")
     ap.add_argument("--seeds", type=int, default=None,
                     help="seeds of each one-run cell and of its ideal (default 5; 2 with --quick)")
     a = ap.parse_args()
     epsilons = (4.0,) if a.quick else (2.0, 4.0, 8.0)
     trials = a.trials or (1000 if a.quick else 10_000)
     seeds = a.seeds or (2 if a.quick else 5)
-    if a.canaries < 10 or seeds < 1 or (a.trials is not None and a.trials < 100):
-        ap.error("--canaries must be >= 10, --seeds >= 1, --trials >= 100")
+    if a.canaries < 10 or seeds < 1 or (a.trials is not None and a.trials < 100) \
+            or a.agreement == 1 or a.agreement < 0:
+        ap.error("--canaries must be >= 10, --seeds >= 1, --trials >= 100, --agreement 0 "
+                 "or >= 2")
     t_start = time.perf_counter()
     print(f"two runs: trials per side {trials} (fedavg q=1), {trials // 10} (q=0.1), "
           f"{max(100, trials // 25)} (dp-sgd); one run: {a.canaries} canaries; every bound "
@@ -399,6 +434,10 @@ def main() -> None:
         print(row("dp-sgd q=.25", eps, accounted(z, task.STEPS, task.q), two, ones, None,
                   time.perf_counter() - t0), flush=True)
         print(ideal_line(z, task.STEPS, task.q, min(a.canaries, 1600), seeds), flush=True)
+    if a.agreement:
+        print("one run against its ideal, many seeds:")
+        for line in agreement(a.agreement, a.canaries):
+            print(line, flush=True)
     print("overhead of auditing (M = 100 canary clients, white-box scored, vs none):")
     for line in overhead(2 if a.quick else 5, 10 if a.quick else 30, 2 if a.quick else 5):
         print(line, flush=True)

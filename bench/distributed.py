@@ -607,7 +607,7 @@ def main() -> None:
         print("every-round: every client in every round (q = 1)")
         rows += every_round_section(args.quick, epsilons, seeds, bits_list, algorithms)
     if "control" in sections:
-        print("control: every client in every round, central DP at the distributed z beside")
+        print("control: central DP at the distributed mode's noise beside both (both settings)")
         rows += control_section(args.quick, epsilons, seeds, bits_list)
     if "bits" in sections:
         print("bits: accuracy against the modulus at epsilon 4 (server threat model)")

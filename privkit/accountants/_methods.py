@@ -121,10 +121,15 @@ def _unsampled_rho(comp: Composition) -> float | None:
     total = 0.0
     for atom, n in comp.atoms:
         a = rules.fft_atom(atom)
-        if not isinstance(a, GaussianAtom):
+        if isinstance(a, GaussianAtom):
+            z = a.noise_multiplier
+            total += n * (0.5 / z / z)
+            continue
+        u = rules.unsampled(atom)
+        r = None if u is None else gaussian_rho(u)
+        if r is None:
             return None
-        z = a.noise_multiplier
-        total += n * (0.5 / z / z)
+        total += n * r
     return total
 
 
@@ -411,17 +416,56 @@ def auto_prefers_pld(comp: Composition, d: float) -> bool:
     return _fft_atoms(comp) is not None or d >= pld_acc.MIN_DELTA
 
 
+#: The share of delta set aside for :func:`privkit.accountants.rules.delta_slack`.
+SLACK_SHARE = 1e-9
+
+
 def _priced_epsilon(comp: Composition, relation: Any, d: float, method: Method
                     ) -> tuple[float, str]:
-    """Epsilon of a composition already re-expressed against ``relation``'s sensitivity."""
+    """Epsilon of a composition already re-expressed against ``relation``'s sensitivity.
+
+    With a total-variation slack ``t`` (:func:`privkit.accountants.rules.slack_total`) the
+    methods price ``d (1 - SLACK_SHARE)`` and the answer must leave room for
+    ``(1 + e^epsilon) t <= d SLACK_SHARE``; where it does not (a large epsilon) the composition
+    is priced again with every atom as it is (:func:`~privkit.accountants.rules.
+    without_nearby_laws`)."""
+    slack = rules.slack_total(comp)
+    if slack == 0:
+        return _epsilon_plain(comp, relation, d, method)
+    e, name = _epsilon_plain(comp, relation, d * (1.0 - SLACK_SHARE), method)
+    if e < 700 and (1.0 + math.exp(e)) * slack <= d * SLACK_SHARE:
+        return e, name
+    with rules.without_nearby_laws():
+        return _epsilon_plain(comp, relation, d, method)
+
+
+def _epsilon_plain(comp: Composition, relation: Any, d: float, method: Method
+                   ) -> tuple[float, str]:
     if method is Method.AUTO:
         return _auto_epsilon(comp, d, relation)
     return _epsilon_by(comp, d, method, relation)
 
 
-def _priced_delta(comp: Composition, relation: Any, e: float, method: Method
-                  ) -> tuple[float, str]:
-    """Delta of a composition already re-expressed against ``relation``'s sensitivity."""
+def _delta_plain(comp: Composition, relation: Any, e: float, method: Method
+                 ) -> tuple[float, str]:
     if method is Method.AUTO:
         return _auto_delta(comp, e, relation)
     return _delta_by(comp, e, method, relation)
+
+
+def _priced_delta(comp: Composition, relation: Any, e: float, method: Method
+                  ) -> tuple[float, str]:
+    """Delta of a composition already re-expressed against ``relation``'s sensitivity: with a
+    total-variation slack ``t``, the smaller of the nearby law's delta plus
+    ``(1 + e^epsilon) t`` and the delta with every atom priced as it is."""
+    slack = rules.slack_total(comp)
+    d, name = _delta_plain(comp, relation, e, method)
+    if slack == 0:
+        return d, name
+    d = d + (1.0 + math.exp(e)) * slack if e < 700 else math.inf
+    with rules.without_nearby_laws():
+        try:
+            d2, name2 = _delta_plain(comp, relation, e, method)
+        except (UnsupportedEventError, NumericalError):
+            return d, name
+    return (d, name) if d <= d2 else (d2, name2)

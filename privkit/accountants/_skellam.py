@@ -16,6 +16,7 @@ import numpy as np
 
 from privkit import _validate
 from privkit.accountants import rules
+from privkit.accountants._skellam_gdp import MAX_GDP_VARIANCE, TAIL_TV, skellam_unit_gdp
 from privkit.accountants.rules import NeighboringRelation
 from privkit.errors import InvalidParameterError, UnsupportedEventError
 from privkit.events import DpEvent
@@ -25,12 +26,18 @@ from privkit.events.distributed import (
     skellam_relation_error,
 )
 
-__all__ = ["skellam_rdp", "sampled_rdp", "SKELLAM_NOTE", "SAMPLING_NOTE"]
+__all__ = ["skellam_rdp", "sampled_rdp", "skellam_gdp_mu", "SKELLAM_NOTE", "GDP_NOTE",
+           "SAMPLING_NOTE"]
 
 SKELLAM_NOTE = ("Skellam RDP: Agarwal, Kairouz & Liu 2021, Thm 3.5, at integer orders "
                 "(interpolated between them by convexity); sensitivities from the enforced "
                 "conditional-rounding bound (Kairouz, Liu & Steinke 2021; holds with "
                 "probability 1, nothing added to delta)")
+GDP_NOTE = ("Skellam releases every client takes part in: Gaussian-DP from the exact tradeoff "
+            "curve of a unit shift of the sum's Skellam noise (mu_1, computed; mu <= mu_1 "
+            "Delta_2 per release), priced exactly; delta includes (1 + e^eps) k Delta_1 1e-100 "
+            "for the far tails (privkit.accountants.distributed); composed with events that "
+            "have no exact price the Skellam is priced by its RDP bound instead")
 SAMPLING_NOTE = ("Poisson client sampling priced by joint convexity (weak amplification); it "
                  "assumes the cohort stays secret, which the server that picks it does not "
                  "grant: against the server only the unamplified composition holds")
@@ -107,7 +114,55 @@ def sampled_rdp(rdp: Any, orders: Any, sampling_probability: float) -> np.ndarra
     return np.minimum(out, r)
 
 
+# ------------------------------------------------------------------ GDP
+def skellam_gdp_mu(event: SkellamDpEvent) -> float | None:
+    """The GDP parameter ``mu_1(n mu) Delta_2`` of one release of ``event`` (its sensitivities
+    as they stand: call it on the event relative to the relation), or None when it has none:
+    a Poisson-sampled event, a central variance outside [1, 2^40], or inside
+    :func:`privkit.accountants.rules.without_nearby_laws`
+    (:mod:`privkit.accountants.distributed`).
+
+    Example:
+        >>> ev = SkellamDpEvent(noise_per_client=1e4, survivors=100, l2_sensitivity=300.0,
+        ...                     l1_sensitivity=9600.0)
+        >>> round(skellam_gdp_mu(ev), 6)   # the Gaussian of variance 1e6: 0.3
+        0.3
+    """
+    if not _gdp_applies(event):
+        return None
+    return skellam_unit_gdp(event.central_variance) * float(event.l2_sensitivity)
+
+
 # ------------------------------------------------------------------ rules
+@rules.gaussian_rho.register(SkellamDpEvent)
+def _(event: SkellamDpEvent) -> float | None:
+    mu = skellam_gdp_mu(event)
+    return None if mu is None else 0.5 * mu * mu
+
+
+def _gdp_applies(event: SkellamDpEvent, sampled: bool = False) -> bool:
+    return ((sampled or event.sampling_probability == 1) and rules.nearby_laws_allowed()
+            and 1.0 <= event.central_variance <= MAX_GDP_VARIANCE)
+
+
+@rules.delta_slack.register(SkellamDpEvent)
+def _(event: SkellamDpEvent) -> float:
+    # at most l1 coordinates move (integers), each within TAIL_TV of the law priced; a sampled
+    # event carries it too (AUTO may price it as its unsampled form, :func:`unsampled`)
+    return float(event.l1_sensitivity) * TAIL_TV if _gdp_applies(event, True) else 0.0
+
+
+@rules.unsampled.register(SkellamDpEvent)
+def _(event: SkellamDpEvent) -> DpEvent | None:
+    # joint convexity, for every gamma >= 0: H_gamma((1-q) A + q B || (1-q) A + q B') <=
+    # (1-q) max(0, 1-gamma) + q H_gamma(B || B') <= H_gamma(B || B') (as H >= 1 - gamma): the
+    # sampled round is dominated by the unsampled one, so is any composition
+    if event.sampling_probability == 1:
+        return None
+    return SkellamDpEvent(event.noise_per_client, event.survivors, event.l2_sensitivity,
+                          event.l1_sensitivity, 1.0)
+
+
 @rules.relation_error.register(SkellamDpEvent)
 def _(event: SkellamDpEvent, relation: Any) -> str | None:
     return skellam_relation_error(relation)
@@ -144,5 +199,6 @@ def _(event: SkellamDpEvent, orders: np.ndarray, relation: Any) -> np.ndarray:
 
 @rules.notes.register(SkellamDpEvent)
 def _(event: SkellamDpEvent) -> tuple[str, ...]:
-    out = (DISTRIBUTED_TRUST_ASSUMPTION, SKELLAM_NOTE)
-    return (*out, SAMPLING_NOTE) if event.sampling_probability < 1 else out
+    if event.sampling_probability < 1:
+        return (DISTRIBUTED_TRUST_ASSUMPTION, SKELLAM_NOTE, SAMPLING_NOTE)
+    return (DISTRIBUTED_TRUST_ASSUMPTION, GDP_NOTE, SKELLAM_NOTE)

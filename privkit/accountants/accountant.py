@@ -298,13 +298,15 @@ def epsilon_batch_compositions(
     keys = list(unique)
     if m in (Method.AUTO, Method.EXACT):
         rhos = [None if c.non_private or c.empty else _priced_rho(c, rel) for c in keys]
-        gauss = [i for i, r in enumerate(rhos) if r is not None]
+        # events priced through a nearby law (a delta slack) take the one-by-one path
+        gauss = [i for i, r in enumerate(rhos)
+                 if r is not None and rules.slack_total(keys[i]) == 0]
         if gauss:
             mus = np.sqrt(2 * np.array([rhos[i] for i in gauss]))
             eps = np.atleast_1d(gaussian.exact_epsilon(mus, d))
             for i, e in zip(gauss, eps):
                 out[unique[keys[i]]] = e
-        rest = [k for i, k in enumerate(keys) if rhos[i] is None]
+        rest = [k for i, k in enumerate(keys) if i not in set(gauss)]
     else:
         rest = keys
     for k in rest:

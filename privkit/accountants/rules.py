@@ -30,6 +30,11 @@ Rules:
 * :func:`relative_to_sensitivity` - the atom with its noise relative to the relation's
   sensitivity (below).
 * :func:`notes` - assumption strings every report containing the atom must carry.
+* :func:`unsampled` - the atom with its sampling rate set to 1, for atoms whose sampled form
+  is dominated by it (None: none, or not known).
+* :func:`delta_slack` - ``t``: one use of the atom is priced by a law within total variation
+  ``t`` of its own (default 0), so a composition's delta at epsilon carries
+  ``(1 + e^epsilon) sum(count t)`` more (:func:`slack_total`; the accountant adds it).
 
 The two relation rules, :data:`PRICED_RELATIONS` and :func:`guarantee_event` are defined in
 ``privkit.accountants._relations`` and exported here.
@@ -53,9 +58,12 @@ not know is refused under ``REPLACE_ONE`` and zero-out rather than guessed.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +102,11 @@ __all__ = [
     "priced",
     "PRICED_RELATIONS",
     "notes",
+    "delta_slack",
+    "slack_total",
+    "unsampled",
+    "nearby_laws_allowed",
+    "without_nearby_laws",
     "guarantee_event",
     "randomized_response_rdp",
     "randomized_response_pld",
@@ -430,3 +443,48 @@ def priced(comp: Composition, relation: Any) -> tuple[Composition, Any]:
 def notes(event: dp_event.DpEvent) -> tuple[str, ...]:
     """Assumptions a report containing this atom must state (default: none)."""
     return ()
+
+
+# -------------------------------------------------------------- delta_slack
+@functools.singledispatch
+def delta_slack(event: dp_event.DpEvent) -> float:
+    """The total variation between one use of the atom and the law its pricing describes
+    (0: priced as it is). A composition priced so carries ``(1 + e^epsilon) sum(count t)``
+    more delta at epsilon (each use's two neighbouring laws are both within ``t``)."""
+    return 0.0
+
+
+def slack_total(comp: Composition) -> float:
+    """``sum(count * delta_slack(atom))`` over a (priced) composition."""
+    return float(sum(n * delta_slack(a) for a, n in comp.atoms))
+
+
+_NEARBY: contextvars.ContextVar[bool] = contextvars.ContextVar("privkit_nearby_laws",
+                                                               default=True)
+
+
+def nearby_laws_allowed() -> bool:
+    """False inside :func:`without_nearby_laws`: rules that price an atom through a nearby
+    law (a nonzero :func:`delta_slack`) must then price it as it is, or not at all."""
+    return _NEARBY.get()
+
+
+@contextlib.contextmanager
+def without_nearby_laws() -> Iterator[None]:
+    """Price every atom as it is (no :func:`delta_slack`): the accountant's fallback where the
+    slack ``(1 + e^epsilon) t`` would not be negligible (a large epsilon)."""
+    token = _NEARBY.set(False)
+    try:
+        yield
+    finally:
+        _NEARBY.reset(token)
+
+
+# -------------------------------------------------------------- unsampled
+@functools.singledispatch
+def unsampled(event: dp_event.DpEvent) -> dp_event.DpEvent | None:
+    """The atom without its client or record sampling, when the sampled atom's two
+    neighbouring laws are dominated by the unsampled atom's (every hockey-stick divergence no
+    larger: then so is every composition), or None. Used by ``AUTO``'s "sampling rates set
+    to 1" candidate for atoms privkit's PLD does not know."""
+    return None

@@ -385,7 +385,8 @@ def test_event_carries_the_enforced_sensitivities_and_honest_shares():
     un = m.unamplified_event(4)
     assert isinstance(un, SelfComposedDpEvent) and un.count == 4
     assert un.event == SkellamDpEvent(50.0, 7, ev.l2_sensitivity, ev.l1_sensitivity)
-    assert privkit.epsilon(un, 1e-5, neighboring_relation="zero-out").epsilon > \
+    # the sampled event is dominated by the unsampled one (joint convexity): never above it
+    assert privkit.epsilon(un, 1e-5, neighboring_relation="zero-out").epsilon >= \
         privkit.epsilon(SelfComposedDpEvent(ev, 4), 1e-5, neighboring_relation="zero-out").epsilon
 
 

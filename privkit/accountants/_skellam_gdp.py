@@ -52,6 +52,7 @@ import math
 import numpy as np
 
 from privkit import _validate
+from privkit.errors import InvalidParameterError, NumericalError
 
 __all__ = ["skellam_unit_gdp", "MAX_GDP_VARIANCE", "TAIL_TV"]
 
@@ -126,14 +127,13 @@ def _unit_gdp(m: float) -> float:
         if a <= b:
             surv[a:b + 1] = np.asarray(tail[a + 1 - lo:b + 2 - lo], dtype=np.float64)
         hi = lo - 1
-    p0 = float(np.exp(_log_pmf(np.array([0.0]), m)[0]))
     h = -ndtri(surv)  # h(s) = Phi^{-1}(1 - S(s)), s = 0..K'
     r = np.empty_like(h)
-    r[0] = 2.0 * float(-ndtri((1.0 - p0) / 2.0))
+    r[0] = 2.0 * h[0]  # r(0) = h(0) - h(-1) = 2 h(0) by symmetry
     r[1:] = h[1:] - h[:-1]
     best = float(np.max(r))
     if not (math.isfinite(best) and best > 0):
-        raise ArithmeticError(f"Skellam GDP at variance {m!r} came out as {best}")
+        raise NumericalError(f"the Skellam's GDP at variance {m!r} came out as {best}")
     return best * (1.0 + _REL_MARGIN) + _ABS_MARGIN
 
 
@@ -152,7 +152,5 @@ def skellam_unit_gdp(variance: float) -> float:
     """
     m = _validate.positive("variance", variance)
     if not 1.0 <= m <= MAX_GDP_VARIANCE:
-        from privkit.errors import InvalidParameterError
-
         raise InvalidParameterError("variance", variance, f"in [1, {MAX_GDP_VARIANCE:g}]")
     return _unit_gdp(m)

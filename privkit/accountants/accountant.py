@@ -306,7 +306,8 @@ def epsilon_batch_compositions(
             eps = np.atleast_1d(gaussian.exact_epsilon(mus, d))
             for i, e in zip(gauss, eps):
                 out[unique[keys[i]]] = e
-        rest = [k for i, k in enumerate(keys) if i not in set(gauss)]
+        done = set(gauss)
+        rest = [k for i, k in enumerate(keys) if i not in done]
     else:
         rest = keys
     for k in rest:

@@ -52,6 +52,7 @@ import math
 import numpy as np
 
 from privkit import _validate
+from privkit.accountants._wraparound import skellam_chernoff_tail
 from privkit.errors import InvalidParameterError, NumericalError
 
 __all__ = ["skellam_unit_gdp", "MAX_GDP_VARIANCE", "TAIL_TV"]
@@ -89,10 +90,9 @@ def _log_pmf(k: np.ndarray, m: float) -> np.ndarray:
 
 
 def _tail_log_bound(t: float, m: float) -> float:
-    """log of the Chernoff bound on P(Skellam(m) >= t), t > 0."""
-    # exponent m (cosh th - 1) - th t, minimised at sinh th = t / m
-    th = math.asinh(t / m)
-    return m * (math.cosh(th) - 1.0) - th * t
+    """log of the Chernoff bound on P(Skellam(m) >= t)."""
+    p = skellam_chernoff_tail(t, m)
+    return math.log(p) if p > 0 else -math.inf
 
 
 @functools.lru_cache(maxsize=1024)

@@ -94,6 +94,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from privkit import _validate
+from privkit.accountants import rules
 from privkit.accountants._methods import Method
 from privkit.accountants._skellam import (
     GDP_NOTE,
@@ -122,7 +123,6 @@ from privkit.events.distributed import (
     skellam_relation,
     skellam_sensitivities,
 )
-from privkit.events.mechanisms import NeighboringRelation
 
 __all__ = [
     "SkellamDpEvent",
@@ -329,36 +329,14 @@ def calibrate_distributed(target_epsilon: float, delta: float, rounds: int, clie
         return calibrate_noise(make, target_epsilon=target, delta=dl, method=method,
                                tol=1e-9, initial_guess=guess, neighboring_relation=rel)
 
-    def rdp_noise(gamma: float) -> float:
-        # the noise the Skellam's RDP bound alone asks (no less than the final one where GDP
-        # prices it): a bisection on log mu, rounded up
-        from privkit.accountants.rdp import ORDERS, epsilon_from_rdp
-
-        _, l2, l1 = sens(gamma)
-        if rel == NeighboringRelation.REPLACE_ONE:
-            l2, l1 = 2.0 * l2, 2.0 * l1
-
-        def eps_at(mu: float) -> float:
-            base = skellam_rdp(ORDERS, central_variance=mu * honest, l2_sensitivity=l2,
-                               l1_sensitivity=l1)
-            return epsilon_from_rdp(ORDERS, t * sampled_rdp(base, ORDERS, q), dl)[0]
-
-        lo = hi = max(1.0, (l2 * l2) / honest)
-        while eps_at(hi) > target:
-            lo, hi = hi, hi * 4.0
-            if hi > 4.0 * MAX_NOISE_PER_CLIENT:
-                return math.inf
-        while eps_at(lo) <= target and lo > 1e-300:
-            lo /= 4.0
-        for _ in range(200):
-            if hi / lo < 1 + 1e-6:
-                break
-            mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if eps_at(mid) <= target else (mid, hi)
-        return hi
-
     def wrap(gamma: float, method: Method = Method.AUTO) -> float:
-        mu = rdp_noise(gamma) if method is Method.RDP else noise(gamma, method)[0]
+        if method is Method.RDP:
+            # the noise the Skellam's RDP bound alone asks (no less than the final one where
+            # its Gaussian-DP prices it): every atom priced as it is
+            with rules.without_nearby_laws():
+                mu = noise(gamma, method)[0]
+        else:
+            mu = noise(gamma, method)[0]
         if mu > MAX_NOISE_PER_CLIENT:
             return math.inf  # a grid this fine needs more noise than a client may draw
         return wraparound_probability(clients=n, noise_per_client=mu, scaled_clip=c_norm / gamma,

@@ -31,6 +31,14 @@ same thing:
   DP loses what that run loses, the gap is the accounting's, not the encoding's. Use many
   ``--seeds`` (20): one run's held-out accuracy moves by 1.5 points from seed to seed;
   ``--first-seed`` runs a fresh set.
+- ``twin`` (not in the default run): the encoding's cost with the noise draws held equal,
+  against the server (the setting above), for ``--algorithms``: the **Gaussian twin** of a
+  distributed run (its skip rule, clip, rotation, scaling and conditional rounding with each
+  client's own coins, but no noise shares: the decoded sum of the rounded updates gets central
+  DP's Gaussian at the run's z, drawn from central DP's own stream) paired by seed with
+  central DP at that z. The twin differs from central DP only by the encoding, and from
+  distributed DP only by the noise's law (a Gaussian for a sum of Skellam shares of the same
+  variance). A diagnostic (the twin needs a trusted aggregator), never a trainer mode.
 - ``bits``: accuracy against the modulus (8 to 20 bits) at epsilon 4, FedAvg, in both
   settings above, with the decoded mean's MSE against central DP's at the expected cohort;
   too few bits is refused by the calibration (the sum of the rounding errors alone nears
@@ -53,6 +61,7 @@ Writes ``OUT/distributed.csv`` and prints the tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import os
@@ -61,6 +70,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -69,16 +79,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import privkit  # noqa: E402
 from fl_examples.core.data import parse_dataset_spec  # noqa: E402
-from fl_examples.core.distributed import distributed_plan, rotation_seed  # noqa: E402
+from fl_examples.core.distributed import (  # noqa: E402
+    NOISE_STREAM,
+    DistributedDpPlan,
+    distributed_plan,
+    rotation_seed,
+)
+from fl_examples.core.dp_modes import server_step  # noqa: E402
 from fl_examples.core.models import num_parameters  # noqa: E402
 from fl_examples.core.seeds import SeedTree  # noqa: E402
 from fl_examples.upcycled import UpcycledConfig, run_algorithm  # noqa: E402
 from fl_examples.upcycled.config import _model  # noqa: E402
 from privkit.errors import InvalidParameterError  # noqa: E402
 from privkit.mechanisms.aggregate import unamplified_event  # noqa: E402
+from privkit.mechanisms.distributed import (  # noqa: E402
+    MAX_BITS,
+    center_modular,
+    hadamard_rotate,
+    inverse_hadamard_rotate,
+)
+from privkit.mechanisms.sampling import gaussian_noise  # noqa: E402
 
 DELTA = 1e-5
-SECTIONS = ["server", "every-round", "control", "bits", "cost", "flower"]
+SECTIONS = ["server", "every-round", "control", "twin", "bits", "cost", "flower"]
+#: Sections the default run leaves out (diagnostics; many seeds).
+DIAGNOSTICS = ("control", "twin")
 FIELDS = ["section", "dataset", "algorithm", "mode", "bits", "target_epsilon",
           "epsilon_server", "epsilon_headline", "heldout_accuracy", "accuracy_se", "seeds",
           "per_seed", "gap_to_central", "gap_se", "seconds", "note"]
@@ -128,6 +153,99 @@ def distributed_z(target: float, rounds: int, *, n: int, q: float, clip: float, 
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps(mid) <= target else (mid, hi)
     return hi
+
+
+# ------------------------------------------------------------- the Gaussian twin
+@torch.no_grad()
+def _twin_release(self: DistributedDpPlan, w: dict[str, torch.Tensor],
+                  local: dict[str, torch.Tensor], state: dict[str, Any], generator: Any = None,
+                  *, sel: Any, data_round: int, tree: SeedTree, secure: Any = None,
+                  canaries: Any = None) -> dict[str, torch.Tensor]:
+    """:meth:`DistributedDpPlan.release` with every step of the clients' encoding (the skip
+    rule, clip, the round's rotation, scaling, conditional rounding with each client's own
+    coins) but **no noise shares**: the integer sum gets ``round(N(0, V))`` per rotated
+    coordinate instead, V = (z C / gamma)^2 = n_min mu the variance the shares' sum carries.
+    The Gaussian is central DP's own draw at the plan's z (``generator``, on the float64
+    sum, as :class:`~privkit.mechanisms.ClientLevelGaussian` draws it) padded with
+    ``padded_dim - dim`` more from a stream of its own, rotated (isotropic: the rotated
+    coordinates are i.i.d. N(0, V gamma^2)), and rounded to the lattice, so the twin is paired
+    draw for draw with central DP at z (it differs by the encoding and the noise's rounding,
+    at most gamma / 2 per rotated coordinate), and its law differs from distributed DP's only
+    by ``Skellam(V)`` against ``round(N(0, V))`` on each rotated coordinate and the wrap
+    (:func:`twin_distance`). A diagnostic of the bench (it needs a trusted aggregator), never
+    a mode of the trainers."""
+    assert secure is None and canaries is None, "the twin is a seeded diagnostic"
+    counts = state.setdefault("distributed", {"released": 0, "skipped": 0, "wrapped": 0})
+    if self.skips(sel):
+        counts["skipped"] += 1
+        return {k: v.clone() for k, v in w.items()}
+    enc = self.noiseless()  # the clients' encoder without the share, modulo 2^62
+    seed = rotation_seed(tree, data_round)
+    names = list(w)
+    total = np.zeros(self.padded_dim, dtype=np.int64)
+    for j, c in enumerate(np.asarray(sel).tolist()):
+        update = np.concatenate([(local[k][j] - w[k]).detach().to(torch.float64).cpu()
+                                 .numpy().reshape(-1) for k in names])
+        wide = enc.encode(update, rng=tree.numpy(data_round, f"{NOISE_STREAM}/{int(c)}"),
+                          rotation_seed=seed)
+        total += center_modular(wide, MAX_BITS)
+    counts["released"] += 1
+    shares = state.setdefault("distributed_shares",
+                              {"shares": 0, "variance": 0.0, "released_z": 0.0})
+    shares["shares"] += len(sel)
+    shares["variance"] += len(sel) * self.noise_share(len(sel))
+    shares["released_z"] += self.noise_multiplier
+    flat_w = torch.cat([v.reshape(-1) for v in w.values()])
+    sd = self.noise_multiplier * float(self.l2_clip_norm)
+    g = gaussian_noise({"update": torch.zeros(flat_w.shape, dtype=torch.float64)}, sd,
+                       rng=generator)["update"].cpu().numpy()
+    pad = tree.numpy(data_round, "twin-padding").standard_normal(self.padded_dim - g.size) * sd
+    gamma = float(self.granularity)
+    total += np.rint(hadamard_rotate(np.concatenate([g, pad]), seed) / gamma).astype(np.int64)
+    decoded = inverse_hadamard_rotate(total.astype(np.float64) * gamma, seed)[: int(self.dim)]
+    flat = torch.as_tensor(decoded).to(flat_w.dtype) / self.expected_clients
+    mean, start = {}, 0
+    for k in names:
+        size = w[k].numel()
+        mean[k] = flat[start:start + size].reshape(w[k].shape)
+        start += size
+    return server_step(w, mean, state, lr=self.server_lr, momentum=self.server_momentum)
+
+
+def skellam_rounded_gaussian_tv(variance: float) -> float:
+    """The total variation distance between ``Skellam(V)`` (variance V, symmetric) and
+    ``round(N(0, V))``, summed over every integer within 60 standard deviations (the rest of
+    both laws is below 1e-300) from privkit's Skellam masses."""
+    from scipy.special import ndtr
+
+    from privkit.accountants._skellam_gdp import _log_pmf
+
+    sd = math.sqrt(variance)
+    k = np.arange(0, int(60 * sd) + 2, dtype=np.float64)
+    sk = np.exp(_log_pmf(k, float(variance)))
+    # P(round(N) = k) for k >= 0 from the upper tail (no cancellation in the tails)
+    gauss = ndtr(-(k - 0.5) / sd) - ndtr(-(k + 0.5) / sd)
+    gauss[0] = 1.0 - 2.0 * ndtr(-0.5 / sd)
+    diff = np.abs(sk - gauss)
+    return float(0.5 * (diff[0] + 2.0 * diff[1:].sum()))
+
+
+def twin_distance(plan: DistributedDpPlan, rounds: int) -> float:
+    """A bound on the total variation between a whole run of distributed DP and of its
+    Gaussian twin (the same data, cohorts, coins and rounding): ``rounds x padded_dim`` times
+    the distance of one rotated coordinate's noise, ``Skellam(n mu_n)`` against
+    ``round(N(0, n_min mu))`` (the shares' sum over a cohort of n, within a relative 1e-15 of
+    n_min mu), plus ``rounds`` times the calibrated wrap-around bound. The expected held-out
+    accuracies of the two then differ by at most this (accuracy lies in [0, 1])."""
+    v = float(plan.min_survivors) * float(plan.noise_per_client)
+    return rounds * (plan.padded_dim * skellam_rounded_gaussian_tv(v) + plan.wrap_bound)
+
+
+@contextlib.contextmanager
+def gaussian_twin() -> Any:
+    """Runs inside use :func:`_twin_release` for distributed DP's rounds."""
+    with mock.patch.object(DistributedDpPlan, "release", _twin_release):
+        yield
 
 
 #: The first seed of every cell (``--first-seed``): cells run seeds FIRST_SEED, FIRST_SEED + 1, ...
@@ -335,6 +453,45 @@ def control_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
         add(spec, "central at the distributed z", e, accs,
             p["epsilon_unamplified"]["epsilon_every_round"], p["epsilon_max"], secs,
             f"z {z_dist:.4g} = {z_dist / z_central:.3f} x central's", ref)
+    return rows
+
+
+def twin_section(quick: bool, epsilons: tuple[float, ...], seeds: int,
+                 bits_list: tuple[int, ...], algorithms: tuple[str, ...]
+                 ) -> list[dict[str, Any]]:
+    """The encoding's cost with the noise draws held equal, against the server (module
+    docstring): central DP at the noise multiplier a distributed run's sums carry, and the
+    Gaussian twin of that run (:func:`_twin_release`), paired by seed."""
+    rows = []
+    spec, rounds, q, clip, epochs, batch, lr = SETUPS[0]
+    rounds = 30 if quick else rounds
+    ds = parse_dataset_spec(spec, seed=0)
+    base = _base(spec, q, clip, epochs, batch, lr)
+    dim = num_parameters(_model(UpcycledConfig(**base), ds))
+    for alg, e, bits in ((a, e, b) for a in algorithms for e in epsilons for b in bits_list):
+        zd = distributed_z(e, rounds, n=ds.num_clients, q=q, clip=clip, dim=dim, bits=bits)
+        cfg = UpcycledConfig(**base, aggregation="distributed", bits=bits, noise_multiplier=zd)
+        plan, _ = distributed_plan(num_clients=ds.num_clients, client_rate=q, l2_clip_norm=clip,
+                                   dim=dim, bits=bits, rounds=rounds, delta=DELTA,
+                                   noise_multiplier=zd)
+        tv = twin_distance(plan, rounds)
+        with gaussian_twin():
+            twin, p, secs_twin = _run(alg, cfg, ds, rounds, seeds)
+        z = float(p["mean_released_noise_multiplier"])
+        ref, pc, secs = _run(alg, UpcycledConfig(**base, noise_multiplier=z, adaptive_clip=0.0),
+                             ds, rounds, seeds)
+        rows.append(_row(section="twin", dataset=spec, algorithm=alg,
+                         mode=f"central at z({bits}b)", bits=bits, target_epsilon=e,
+                         epsilon_server=pc["epsilon_unamplified"]["epsilon_every_round"],
+                         epsilon_headline=pc["epsilon_max"], seconds=secs, note=f"z {z:.4g}",
+                         **_accuracies(ref, seeds)))
+        _show(rows[-1])
+        rows.append(_row(section="twin", dataset=spec, algorithm=alg,
+                         mode=f"twin {bits}b", bits=bits, target_epsilon=e,
+                         seconds=secs_twin, **_accuracies(twin, seeds, ref),
+                         note=f"the encoding with central's Gaussian (a trusted "
+                              f"aggregator); total variation to distributed DP <= {tv:.1e}"))
+        _show(rows[-1])
     return rows
 
 
@@ -562,8 +719,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/distributed")
-    ap.add_argument("--sections", default=",".join(s for s in SECTIONS if s != "control"),
-                    help=f"comma-separated, of {', '.join(SECTIONS)} (default all but control)")
+    ap.add_argument("--sections", default=",".join(s for s in SECTIONS if s not in DIAGNOSTICS),
+                    help=f"comma-separated, of {', '.join(SECTIONS)} (default all but "
+                         f"{' and '.join(DIAGNOSTICS)})")
     ap.add_argument("--quick", action="store_true",
                     help="one seed, epsilon 4, 30 (20) data rounds, a few bits, 6 SuperNodes")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 2; 1 "
@@ -621,6 +779,9 @@ def main() -> None:
     if "control" in sections:
         print("control: central DP at the distributed mode's noise beside both (both settings)")
         rows += control_section(args.quick, epsilons, seeds, bits_list)
+    if "twin" in sections:
+        print("twin: the encoding alone (central DP's noise draws), against the server")
+        rows += twin_section(args.quick, epsilons, seeds, bits_list, algorithms)
     if "bits" in sections:
         print("bits: accuracy against the modulus at epsilon 4 (server threat model)")
         rows += bits_section(args.quick, seeds)

@@ -93,8 +93,6 @@ from fl_examples.upcycled.config import _model  # noqa: E402
 from privkit.errors import InvalidParameterError  # noqa: E402
 from privkit.mechanisms.aggregate import unamplified_event  # noqa: E402
 from privkit.mechanisms.distributed import (  # noqa: E402
-    MAX_BITS,
-    center_modular,
     hadamard_rotate,
     inverse_hadamard_rotate,
 )
@@ -179,16 +177,16 @@ def _twin_release(self: DistributedDpPlan, w: dict[str, torch.Tensor],
     if self.skips(sel):
         counts["skipped"] += 1
         return {k: v.clone() for k, v in w.items()}
-    enc = self.noiseless()  # the clients' encoder without the share, modulo 2^62
     seed = rotation_seed(tree, data_round)
     names = list(w)
     total = np.zeros(self.padded_dim, dtype=np.int64)
     for j, c in enumerate(np.asarray(sel).tolist()):
         update = np.concatenate([(local[k][j] - w[k]).detach().to(torch.float64).cpu()
                                  .numpy().reshape(-1) for k in names])
-        wide = enc.encode(update, rng=tree.numpy(data_round, f"{NOISE_STREAM}/{int(c)}"),
-                          rotation_seed=seed)
-        total += center_modular(wide, MAX_BITS)
+        # the clients' encoder without the share (an audit canary's), the client's own coins
+        _, ints = self.canary_input(update, rotation_seed=seed,
+                                    rng=tree.numpy(data_round, f"{NOISE_STREAM}/{int(c)}"))
+        total += ints
     counts["released"] += 1
     shares = state.setdefault("distributed_shares",
                               {"shares": 0, "variance": 0.0, "released_z": 0.0})

@@ -34,11 +34,12 @@ same thing:
 - ``twin`` (not in the default run): the encoding's cost with the noise draws held equal,
   against the server (the setting above), for ``--algorithms``: the **Gaussian twin** of a
   distributed run (its skip rule, clip, rotation, scaling and conditional rounding with each
-  client's own coins, but no noise shares: the decoded sum of the rounded updates gets central
-  DP's Gaussian at the run's z, drawn from central DP's own stream) paired by seed with
-  central DP at that z. The twin differs from central DP only by the encoding, and from
-  distributed DP only by the noise's law (a Gaussian for a sum of Skellam shares of the same
-  variance). A diagnostic (the twin needs a trusted aggregator), never a trainer mode.
+  client's own coins, but no noise shares: the integer sum gets central DP's own Gaussian
+  draw at the run's z, rotated and rounded onto the lattice) paired by seed with central DP
+  at that z. The twin differs from central DP only by the encoding (and the noise's
+  rounding), and from distributed DP only by the noise's law (``round(N(0, V))`` for a sum of
+  Skellam shares of variance V), a total variation the row's note bounds. A diagnostic (the
+  twin needs a trusted aggregator), never a trainer mode.
 - ``bits``: accuracy against the modulus (8 to 20 bits) at epsilon 4, FedAvg, in both
   settings above, with the decoded mean's MSE against central DP's at the expected cohort;
   too few bits is refused by the calibration (the sum of the rounding errors alone nears
